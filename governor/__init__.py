@@ -1,0 +1,42 @@
+"""governor: global, exact rate limits for Celery tasks, kept in Redis.
+
+>>> import redis
+>>> from governor import Limiter
+>>> partner_api = Limiter(redis.Redis(), "1/s, 20/m, 200/h, 800/d", name="partner-api")
+>>> partner_api.acquire("customer-42").allowed
+True
+"""
+
+from .decision import Decision, RuleUsage, Slot, Usage
+from .errors import (
+    ConfigError,
+    CostError,
+    GovernorError,
+    GovernorTimeout,
+    RuleError,
+    StateError,
+    StorageUnavailable,
+    SubjectError,
+)
+from .limiter import Limiter
+from .rules import Rule, parse_rules
+
+__all__ = [
+    "ConfigError",
+    "CostError",
+    "Decision",
+    "GovernorError",
+    "GovernorTimeout",
+    "Limiter",
+    "Rule",
+    "RuleError",
+    "RuleUsage",
+    "Slot",
+    "StateError",
+    "StorageUnavailable",
+    "SubjectError",
+    "Usage",
+    "parse_rules",
+]
+
+__version__ = "0.1.0"

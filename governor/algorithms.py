@@ -1,0 +1,91 @@
+"""The algorithms a limiter can run, and what each accepts.
+
+==================  =========================================================  ==========
+name                what it guarantees                                         bookings
+==================  =========================================================  ==========
+``sliding_log``     exact: at most N in *any* window of W (a timestamp log)    yes
+``gcra``            smooth spacing W/N with a burst of N; O(1) memory          yes
+``token_bucket``    N tokens refilled evenly over W; O(1) memory               no
+``fixed_window``    at most N per calendar window (up to 2N across a boundary)  no
+``sliding_window``  at most N in any window, counted in buckets; for huge N    no
+==================  =========================================================  ==========
+
+``leaky_bucket`` is another name for ``gcra``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import ConfigError, RuleError
+from .rules import Rule
+
+__all__ = ["ALGORITHMS", "MAX_LOG", "Algorithm", "get_algorithm"]
+
+MAX_LOG = 20_000
+"""The largest limit a sliding log accepts (it keeps that many timestamps per subject)."""
+
+
+def _check_log(rules: tuple[Rule, ...]) -> None:
+    for rule in rules:
+        if rule.limit > MAX_LOG:
+            raise RuleError(
+                f"rule {rule.text!r} would keep {rule.limit} timestamps per subject; the sliding "
+                f"log allows at most {MAX_LOG}. Use algorithm='sliding_window' for large limits"
+            )
+
+
+def _check_gcra(rules: tuple[Rule, ...]) -> None:
+    for rule in rules:
+        if rule.limit > rule.period_us:
+            raise RuleError(
+                f"rule {rule.text!r} is faster than one per microsecond, which gcra cannot space"
+            )
+
+
+def _check_bucket(rules: tuple[Rule, ...]) -> None:
+    for rule in rules:
+        if rule.limit * rule.period_us > 2**53:
+            raise RuleError(
+                f"rule {rule.text!r} is too large for token_bucket (limit x period must stay below "
+                "2**53 microseconds); use algorithm='sliding_window'"
+            )
+
+
+def _no_check(rules: tuple[Rule, ...]) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    name: str
+    script: str
+    """Lua file name (without .lua)."""
+    suffix: str
+    """Key suffix of the subject's state."""
+    books: bool
+    """Whether reserve() can book a future slot (otherwise it acts as acquire)."""
+    check: Callable[[tuple[Rule, ...]], None]
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("sliding_log", "sliding_log", "sl", True, _check_log),
+        Algorithm("gcra", "gcra", "gc", True, _check_gcra),
+        Algorithm("token_bucket", "token_bucket", "tb", False, _check_bucket),
+        Algorithm("fixed_window", "fixed_window", "fw", False, _no_check),
+        Algorithm("sliding_window", "sliding_window", "sw", False, _no_check),
+    )
+}
+ALGORITHMS["leaky_bucket"] = ALGORITHMS["gcra"]
+
+
+def get_algorithm(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(
+            f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}"
+        ) from None

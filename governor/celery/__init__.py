@@ -1,0 +1,14 @@
+"""Celery integration: global, exact limits on tasks, queues and keys.
+
+>>> from governor.celery import Governor, GovernedTask
+>>> app.conf.governor_queues = {"emails": "10/s, 800/d"}
+>>> Governor(app)
+"""
+
+from ..errors import GovernorTimeout
+from .app import Governor
+from .batch import submit_batch
+from .gate import Deferred
+from .task import GovernedTask
+
+__all__ = ["Deferred", "GovernedTask", "Governor", "GovernorTimeout", "submit_batch"]

@@ -1,0 +1,190 @@
+"""``Governor(app)``: installs governor into a Celery app.
+
+>>> app = Celery("proj", broker="redis://localhost:6379/0")
+>>> app.conf.governor_queues = {"emails": "10/s, 800/d"}
+>>> app.conf.governor_tasks = {"proj.tasks.sync_account": "1/s, 20/m"}
+>>> governor = Governor(app)
+>>> @governor.task("5/s, 200/h", key=lambda customer_id, **_: customer_id)
+... def call_partner(customer_id, payload): ...
+
+What it does:
+
+- when the app finalizes (in producers and workers alike), validates every ``governor_*``
+  setting and every task's ``governor_*`` attributes, so a bad rule fails at start-up, naming
+  the queue or task (``app.finalize`` is wrapped for this: Celery's ``on_after_finalize`` is a
+  signal, and signal receivers cannot make it fail);
+- when a worker starts (``worker_init``), gives every task the gate (tasks that do not derive
+  from :class:`GovernedTask` get it mixed into their class), and a request class that holds
+  the early acknowledgement of governed messages until their fate is known.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from celery import signals as celery_signals
+
+from ..errors import ConfigError
+from .gate import Gate
+from .limits import validate_task
+from .parking import ReleaserStep
+from .request import governed_request_class
+from .settings import Settings, load_settings
+from .task import GovernedMixin, GovernedTask
+
+__all__ = ["Governor"]
+
+logger = logging.getLogger("governor.celery")
+_registry: weakref.WeakKeyDictionary[Any, Governor] = weakref.WeakKeyDictionary()
+
+
+class _HideDeferrals(logging.Filter):
+    """Celery logs every ``Ignore`` at INFO ("Task x ignored"); a deferral is normal operation
+    (governor logs a summary instead), so those lines are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        return not (isinstance(data, dict) and str(data.get("exc", "")).startswith("Deferred("))
+
+
+class Governor:
+    """governor for one Celery app. Create it once, where the app is defined."""
+
+    def __init__(self, app: Any) -> None:
+        if app in _registry:
+            raise ConfigError(f"Governor is already installed on app {app.main!r}")
+        self.app = app
+        self._settings: Settings | None = None
+        self._gate: Gate | None = None
+        _registry[app] = self
+        finalize = app.finalize
+
+        def finalize_and_validate(auto: bool = False) -> None:
+            was_finalized = app.finalized
+            finalize(auto=auto)
+            if app.finalized and not was_finalized:
+                self._validate()
+
+        app.finalize = finalize_and_validate
+        celery_signals.worker_init.connect(self._on_worker_init, weak=False)
+        app.steps["worker"].add(ReleaserStep)
+        if app.finalized:
+            self._validate()
+
+    @classmethod
+    def find(cls, app: Any) -> Governor | None:
+        return _registry.get(app)
+
+    @classmethod
+    def of(cls, app: Any) -> Governor:
+        """The app's Governor, created on first use (for GovernedTask without Governor(app))."""
+        return _registry.get(app) or cls(app)
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings(self.app.conf)
+        return self._settings
+
+    @property
+    def gate(self) -> Gate:
+        if self._gate is None:
+            self._gate = Gate(self.app, self.settings)
+        return self._gate
+
+    # -- configuration ----------------------------------------------------------------------
+
+    def task(
+        self,
+        rules: Any = None,
+        *,
+        key: Callable[..., Any] | None = None,
+        limit_name: str | None = None,
+        algorithm: str | None = None,
+        cost: int | Callable[..., int] = 1,
+        max_wait: float | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[..., Any]], Any]:
+        """``@app.task`` with limits: ``@governor.task("5/s", key=lambda customer, **_: customer)``.
+
+        ``limit_name`` names a per-key limit (tasks that share it share the limit); other
+        options (``name``, ``bind``, ``max_retries``...) go to ``app.task``.
+        """
+        return self.app.task(  # type: ignore[no-any-return]
+            base=options.pop("base", GovernedTask),
+            governor_limit=rules,
+            governor_key=key,
+            governor_name=limit_name,
+            governor_algorithm=algorithm,
+            governor_cost=cost,
+            governor_max_wait=max_wait,
+            **options,
+        )
+
+    def _validate(self, **_: Any) -> None:
+        self._settings = None
+        settings = self.settings
+        for task in list(self.app.tasks.values()):
+            validate_task(task, settings)
+        if (settings.queues or settings.tasks or self._has_task_limits()) and not (
+            settings.redis_url
+        ):
+            settings.require_redis()
+
+    def _has_task_limits(self) -> bool:
+        return any(getattr(t, "governor_limit", None) is not None for t in self.app.tasks.values())
+
+    # -- worker -----------------------------------------------------------------------------
+
+    def _on_worker_init(self, sender: Any = None, **_: Any) -> None:
+        if not self._is_mine(sender):
+            return
+        try:
+            self.app.finalize(auto=True)
+            self._validate()
+        except ConfigError as exc:
+            # worker_init receivers cannot stop the worker with an exception (Celery logs and
+            # swallows it); a worker with a bad limit must not start.
+            logger.critical("governor: %s", exc)
+            raise SystemExit(f"governor: {exc}") from exc
+        installed = [task.name for task in self.app.tasks.values() if self.install(task)]
+        logging.getLogger("celery.app.trace").addFilter(_HideDeferrals())
+        if self.settings.metrics_port is not None:
+            try:
+                from . import metrics
+            except ImportError as exc:
+                logger.critical("governor: %s", exc)
+                raise SystemExit(f"governor: governor_metrics_port is set, but {exc}") from exc
+            metrics.install(
+                self.app, self.settings.metrics_port, self.settings.metrics_addr, worker=sender
+            )
+        unknown = sorted(set(self.settings.tasks) - set(self.app.tasks))
+        if unknown:
+            logger.warning(
+                "governor_tasks names tasks this worker does not know: %s", ", ".join(unknown)
+            )
+        logger.info(
+            "governor: gate installed on %d tasks; queues %s",
+            len(installed),
+            ", ".join(f"{q}={c.text}" for q, c in self.settings.queues.items()) or "-",
+        )
+
+    def _is_mine(self, sender: Any) -> bool:
+        return getattr(sender, "app", None) is self.app
+
+    def install(self, task: Any) -> bool:
+        """Give ``task`` the gate and the governed request class. False for Celery's own."""
+        if task.name.startswith("celery."):
+            return False
+        cls = type(task)
+        if not issubclass(cls, GovernedMixin):
+            task.__class__ = type(
+                cls.__name__,
+                (GovernedMixin, cls),
+                {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+            )
+        task.Request = governed_request_class(task.Request)
+        return True

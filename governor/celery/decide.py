@@ -1,0 +1,174 @@
+"""How a call governed by several limits gets one answer, one Redis call per limit.
+
+``acquire_all`` admits when every limit does and gives back what was taken when one denies;
+``reserve_all`` books one moment every limit admits; ``claim_all`` starts on the bookings a task
+carries. They work on limiters only (no Celery), and return an :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..decision import Decision, Slot
+from ..limiter import Limiter
+from .limits import LimitSpec
+
+__all__ = ["Held", "Outcome", "acquire_all", "claim_all", "refund", "reserve_all"]
+
+logger = logging.getLogger("governor.celery")
+
+Held = list[tuple[Limiter, LimitSpec, Decision]]
+
+
+@dataclass(slots=True)
+class Outcome:
+    allowed: bool
+    delay: float = 0.0
+    """Seconds to wait (from ``at``, a monotonic time)."""
+    at: float = field(default_factory=time.monotonic)
+    now: float | None = None
+    """Server time of the decision."""
+    slots: dict[str, list[int]] | None = None
+    spec: LimitSpec | None = None
+    decision: Decision | None = None
+    held: Held = field(default_factory=list)
+
+
+def refund(held: Held, cost: int) -> None:
+    for lim, spec, d in held:
+        if d.slot is not None:
+            lim.refund(spec.subject, d.slot, cost)
+
+
+def acquire_all(limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome:
+    held: Held = []
+    for i, (lim, spec) in enumerate(limiters):
+        d = lim.acquire(spec.subject, cost)
+        if d.allowed:
+            held.append((lim, spec, d))
+            continue
+        refund(held, cost)
+        worst, worst_spec = d, spec
+        for other, other_spec in limiters[i + 1 :]:  # the rest may need longer
+            p = other.peek(other_spec.subject, cost)
+            if not p.allowed and p.retry_after > worst.retry_after:
+                worst, worst_spec = p, other_spec
+        return Outcome(False, delay=worst.retry_after, now=d.now, spec=worst_spec, decision=worst)
+    return Outcome(True, held=held)
+
+
+def claim_all(
+    limiters: list[tuple[Limiter, LimitSpec]],
+    cost: int,
+    slots: Mapping[str, list[int]],
+    tolerance: float,
+    early_sleep: float,
+) -> Outcome | None:
+    """Start on the bookings a task carries. None: they are gone (a fresh reserve follows)."""
+    keys = [lim.keys(spec.subject)[0] for lim, spec in limiters]
+    if set(keys) != set(slots):
+        logger.debug("governor: bookings for %s, but limits %s", sorted(slots), keys)
+        return None  # the limits changed since the booking
+    tol = tolerance
+    for _attempt in range(2):
+        held: Held = []
+        for (lim, spec), key in zip(limiters, keys):
+            slot = Slot(*slots[key])
+            held.append((lim, spec, lim.claim(spec.subject, slot, cost, tolerance=tol)))
+        if all(d.allowed for _, _, d in held):
+            return Outcome(True, held=held)
+        early = [
+            d for (_, _, d), key in zip(held, keys) if d.booked and d.slot == Slot(*slots[key])
+        ]
+        if len(early) == len(held):
+            wait = max(d.retry_after for d in early)
+            if wait <= early_sleep and _attempt == 0:
+                time.sleep(wait)  # a clock a little ahead of Redis: not worth a round trip
+                continue
+            worst = max(held, key=lambda h: h[2].retry_after)
+            return Outcome(
+                False,
+                delay=wait,
+                now=early[0].now,
+                slots=dict(slots),
+                spec=worst[1],
+                decision=worst[2],
+            )
+        break
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "governor: missed booking(s): %s",
+            ", ".join(
+                f"{spec.label} {1000 * (d.now - slots[key][1] / 1e6):+.0f}ms"
+                for (_, spec, d), key in zip(held, keys)
+            ),
+        )
+    # Late somewhere (or early and late at once): start afresh. What the late claims just
+    # took (an admission or a new booking) is given back; the original bookings stay spent,
+    # since a duplicate delivery of this message may already have run on them.
+    for (lim, spec, d), key in zip(held, keys):
+        if d.slot is not None and d.slot != Slot(*slots[key]):
+            lim.refund(spec.subject, d.slot, cost)
+    return None
+
+
+def reserve_all(
+    limiters: list[tuple[Limiter, LimitSpec]],
+    cost: int,
+    tolerance: float,
+    not_before: float | None = None,
+) -> Outcome:
+    """Admit now, or book one moment at which every limit admits the call (no earlier than
+    ``not_before``, Unix seconds, which forces a booking)."""
+    tol = tolerance
+    target: int | None = None if not_before is None else round(not_before * 1e6)
+    for _round in range(len(limiters) + 2):
+        held: Held = []
+        moved: int | None = None
+        for lim, spec in limiters:
+            d = lim.reserve(
+                spec.subject,
+                cost,
+                tolerance=tol,
+                not_before=None if target is None else target / 1e6,
+            )
+            if d.blocked is not None or d.retry_after == math.inf:
+                refund(held, cost)
+                return Outcome(False, delay=d.retry_after, now=d.now, spec=spec, decision=d)
+            held.append((lim, spec, d))
+            if d.allowed:
+                continue
+            assert d.slot is not None
+            if target is None and len(held) == 1:
+                target = d.slot.start_us
+            elif d.slot.start_us != target:
+                moved = d.slot.start_us
+                break
+        if moved is None:
+            if all(d.allowed for _, _, d in held):
+                return Outcome(True, held=held)
+            assert target is not None
+            last = held[-1][2]
+            worst = max(held, key=lambda h: h[2].retry_after)
+            return Outcome(
+                False,
+                delay=max(0.0, target / 1e6 - last.now),
+                now=last.now,
+                slots={
+                    lim.keys(spec.subject)[0]: [d.slot.start_us, d.slot.end_us]
+                    for lim, spec, d in held
+                    if d.slot is not None
+                },
+                spec=worst[1],
+                decision=worst[2],
+                held=held,
+            )
+        refund(held, cost)
+        target = moved
+    # Others kept booking ahead of us: wait for the last target without a booking.
+    now = time.time()
+    return Outcome(False, delay=max(0.0, (target or 0) / 1e6 - now), now=now)

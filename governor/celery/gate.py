@@ -1,0 +1,500 @@
+"""The admission gate: runs in the pool process right before a governed task's body.
+
+A call is governed by up to three limits (queue, task, key). The gate admits it only when all
+of them do, atomically per limit and with what was taken given back when another denies. When
+the algorithms can book (sliding_log, gcra), a denied call books the earliest moment every limit
+admits it and is re-published to run then; it proves its booking on arrival (``claim``), so it is
+not denied again. Otherwise it is re-published after the exact ``retry_after``.
+
+Re-publishing keeps the task id, arguments, headers, priority, route, links and ``retries``
+(governance waits never count as retries); the original message is acknowledged only after the
+new one is out (the task raises :class:`Deferred`, an ``Ignore``, which Celery acks).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery.exceptions import Ignore, Reject
+from celery.worker.state import task_ready
+
+from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
+from ..limiter import Limiter
+from . import parking, signals
+from .decide import Held, Outcome, acquire_all, claim_all, refund, reserve_all
+from .limits import (
+    LimitSpec,
+    call_with_arguments,
+    consumed_queue,
+    key_config,
+    key_spec,
+    option,
+    task_limit_config,
+)
+from .settings import LimitConfig, Settings
+
+__all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
+
+logger = logging.getLogger("governor.celery")
+HEADER = "governor"
+SUMMARY_EVERY = 10.0
+HINT_TTL = 0.05
+"""How long the worker's main process trusts a peek that found room (seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """What governs a task, from settings and its ``governor_*`` attributes."""
+
+    task_spec: LimitSpec | None
+    key_config: LimitConfig | None
+    cost: Any
+    max_wait: float | None
+
+
+class Duplicate(Ignore):  # type: ignore[misc]
+    """A second copy of a released parked task: dropped (the first copy runs)."""
+
+
+class Deferred(Ignore):  # type: ignore[misc]
+    """Raised after a governed task was re-published to run later (Celery acks the original)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"Deferred({self.message!r})"
+
+
+@dataclass(slots=True)
+class WaitState:
+    """What a task carries between governance waits (the ``governor`` message header)."""
+
+    waits: int = 0
+    since: float | None = None
+    """Server time of the first deferral."""
+    slots: dict[str, list[int]] | None = None
+    """Bookings by state key: [start_us, end_us]."""
+    outages: int = 0
+    parked: str | None = None
+    """The parking id a released message carries until a consumer claims it."""
+
+    @classmethod
+    def from_request(cls, request: Any) -> WaitState:
+        raw = (getattr(request, "headers", None) or {}).get(HEADER)
+        if not isinstance(raw, Mapping):
+            return cls()
+        slots = raw.get("slots")
+        return cls(
+            waits=int(raw.get("waits") or 0),
+            since=raw.get("since"),
+            slots=dict(slots) if isinstance(slots, Mapping) else None,
+            outages=int(raw.get("outages") or 0),
+            parked=raw.get("parked"),
+        )
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "waits": self.waits,
+            "since": self.since,
+            "slots": self.slots,
+            "outages": self.outages,
+            "parked": self.parked,
+        }
+
+
+class Gate:
+    """governor's per-process state: one Redis client, the limiters, the decisions."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self._pid: int | None = None
+        self._client: redis.Redis | None = None
+        self._limiters: dict[tuple[str, LimitConfig], Limiter] = {}
+        self._hints: dict[tuple[str, str, LimitConfig], tuple[float, float]] = {}
+        self._options: dict[str, TaskOptions] = {}
+        self._deferrals: Counter[str] = Counter()
+        self._longest = 0.0
+        self._summary_at = time.monotonic()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None or self._pid != os.getpid():
+            self._client = redis.Redis.from_url(
+                self.settings.require_redis(),
+                socket_timeout=self.settings.socket_timeout,
+                socket_connect_timeout=self.settings.socket_timeout,
+            )
+            self._pid = os.getpid()
+        return self._client
+
+    def limiter(self, name: str, config: LimitConfig) -> Limiter:
+        lim = self._limiters.get((name, config))
+        if lim is None or lim.client is not self.client:
+            lim = Limiter(
+                self.client,
+                config.rules,
+                algorithm=config.algorithm,
+                name=name,
+                prefix=self.settings.prefix,
+            )
+            self._limiters[(name, config)] = lim
+        return lim
+
+    def options(self, task: Any) -> TaskOptions:
+        """A task's governor options, read once per task (they are fixed after start-up)."""
+        opts = self._options.get(task.name)
+        if opts is None:
+            wait = getattr(task, "governor_max_wait", None) or self.settings.max_wait
+            task_config = task_limit_config(task, self.settings)
+            opts = TaskOptions(
+                task_spec=None
+                if task_config is None
+                else LimitSpec("task", "task", task_config, task.name),
+                key_config=key_config(task, self.settings),
+                cost=option(task, "governor_cost", 1),
+                max_wait=None if wait is None else float(wait),
+            )
+            self._options[task.name] = opts
+        return opts
+
+    def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
+        """The limits that do not depend on the arguments: the queue's, then the task's."""
+        out = []
+        queue = consumed_queue(self.app, delivery_info)
+        if queue is not None and queue in self.settings.queues:
+            out.append(LimitSpec("queue", "queue", self.settings.queues[queue], queue))
+        opts = self.options(task)
+        if opts.task_spec is not None:
+            out.append(opts.task_spec)
+        return out
+
+    def specs(
+        self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> list[LimitSpec]:
+        """Every limit that governs this call, queue first."""
+        out = self.fixed_specs(task, getattr(request, "delivery_info", None))
+        config = self.options(task).key_config
+        if config is not None:
+            out.append(key_spec(task, config, args, kwargs))
+        return out
+
+    def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
+        """Whether a message may be governed (checked in the worker's main process)."""
+        return bool(self.fixed_specs(task, delivery_info)) or (
+            self.options(task).key_config is not None
+        )
+
+    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+        cost = self.options(task).cost
+        return int(call_with_arguments(task, cost, args, kwargs)) if callable(cost) else cost
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def admit(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Deferred | None:
+        """Decide for the running task (in the pool process, just before its body).
+
+        Returns None when it may run; otherwise re-publishes it and returns the
+        :class:`Deferred` for the caller to raise (raised there, the traceback Celery walks for
+        it is short). Raises GovernorTimeout or GovernorError when the task must fail.
+        """
+        request = task.request
+        if getattr(request, "is_eager", False) or getattr(request, "called_directly", False):
+            return None
+        state = WaitState.from_request(request)
+        if state.parked is not None:
+            if not parking.claim_first_delivery(self.client, self.settings.prefix, state.parked):
+                logger.info(
+                    "governor: %s[%s] dropped: a second copy of a released task",
+                    task.name,
+                    request.id,
+                )
+                return Duplicate(f"governor: second copy of parked task {state.parked}")
+            state.parked = None
+            request.headers[HEADER] = state.header()
+        specs = self.specs(task, request, args, kwargs)
+        if not specs:
+            return None
+        cost = self.cost(task, args, kwargs)
+        try:
+            outcome = self.decide(specs, cost, state)
+        except StorageUnavailable as exc:
+            signals.storage_unavailable.send(
+                sender=task, request=request, error=exc, fail_mode=self.settings.fail_mode
+            )
+            if self.settings.fail_mode == "open":
+                logger.warning(
+                    "governor: Redis unavailable, running %s[%s] ungoverned: %s",
+                    task.name,
+                    request.id,
+                    exc,
+                )
+                return None
+            state.outages += 1
+            delay = min(300.0, self.settings.outage_retry * 2 ** (state.outages - 1))
+            delay *= random.uniform(1.0, 1.25)
+            if self.settings.park_after is not None:  # parking needs Redis: stay a short ETA
+                delay = min(delay, self.settings.park_after)
+            logger.warning(
+                "governor: Redis unavailable, %s[%s] retries in %.1fs: %s",
+                task.name,
+                request.id,
+                delay,
+                exc,
+            )
+            return self._deferred(
+                task, request, args, kwargs, state, Outcome(False, delay=delay), "redis", cost
+            )
+        state.outages = 0
+        if outcome.allowed:
+            self._admitted(task, request, specs, state, outcome)
+            return None
+        label = outcome.spec.label if outcome.spec else "governor"
+        decision = outcome.decision
+        if decision is not None and decision.retry_after == math.inf:
+            raise GovernorError(
+                f"task {task.name!r} costs {cost}, more than rule {decision.rule} of limit "
+                f"{label} allows: it can never run"
+            )
+        if self._too_long(task, state, outcome):
+            self.refund(outcome.held, cost)
+            raise GovernorTimeout(
+                f"task {task.name!r} [{request.id}] would wait "
+                f"{self._waited(state, outcome) + outcome.delay:.1f}s in total for {label}, "
+                f"more than governor_max_wait={self._max_wait(task)}s"
+            )
+        return self._deferred(task, request, args, kwargs, state, outcome, label, cost)
+
+    def defer_early(self, req: Any) -> bool:
+        """In the worker's main process, before a message goes to the pool: when a limit is
+        known to deny (a peek, cached for ``HINT_TTL``), book and re-publish it right here and
+        acknowledge it. Saves the pool a round trip per denial, so a backlog's first wave of
+        deferrals drains fast enough for its earliest bookings. True if it was deferred.
+
+        Admission itself never happens here (it belongs right before the body, in the pool);
+        anything unusual (bookings to claim, Redis trouble, a wait too long) goes to the pool.
+        """
+        try:
+            return self._defer_early(req)
+        except Exception as exc:  # never break the consumer: the pool path decides instead
+            logger.debug("governor: early deferral skipped for %s: %r", req.id, exc)
+            return False
+
+    def _defer_early(self, req: Any) -> bool:
+        task = req.task
+        carried = req._request_dict.get(HEADER)
+        if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
+            return False  # bookings are claimed, and copies dropped, in the pool
+        opts = self.options(task)
+        if opts.key_config is None and not callable(opts.cost):
+            # the usual case: decide from the cached hint before decoding anything
+            specs = self.fixed_specs(task, req.delivery_info)
+            if not specs or not self._known_denied(specs, opts.cost):
+                return False
+        request = req._context
+        state = WaitState.from_request(request)
+        args, kwargs = tuple(req.args), dict(req.kwargs)
+        specs = self.specs(task, request, args, kwargs)
+        if not specs:
+            return False
+        cost = self.cost(task, args, kwargs)
+        if not self._known_denied(specs, cost):
+            return False
+        outcome = self.decide(specs, cost, state)
+        if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
+            self.refund(outcome.held, cost)
+            return False
+        decision = outcome.decision
+        if (decision is not None and decision.retry_after == math.inf) or self._too_long(
+            task, state, outcome
+        ):
+            self.refund(outcome.held, cost)
+            return False
+        label = outcome.spec.label if outcome.spec else "governor"
+        try:
+            self._deferred(task, request, args, kwargs, state, outcome, label, cost)
+        except Reject:
+            return False
+        task_ready(req)
+        req.acknowledge()
+        return True
+
+    def _known_denied(self, specs: list[LimitSpec], cost: int) -> bool:
+        now = time.monotonic()
+        for spec in specs:
+            key = (spec.name, spec.subject, spec.config)
+            hint = self._hints.get(key)
+            if hint is None or (hint[1] <= now and now - hint[0] > HINT_TTL):
+                d = self.limiter(spec.name, spec.config).peek(spec.subject, cost)
+                hint = (now, now + d.retry_after if not d.allowed else 0.0)
+                if len(self._hints) > 10_000:
+                    self._hints.clear()
+                self._hints[key] = hint
+            if hint[1] > now:
+                return True
+        return False
+
+    def _max_wait(self, task: Any) -> float | None:
+        wait: float | None = self.options(task).max_wait
+        return wait
+
+    @staticmethod
+    def _waited(state: WaitState, outcome: Outcome) -> float:
+        now = outcome.now or time.time()
+        return now - state.since if state.since is not None else 0.0
+
+    def _too_long(self, task: Any, state: WaitState, outcome: Outcome) -> bool:
+        max_wait = self._max_wait(task)
+        return max_wait is not None and self._waited(state, outcome) + outcome.delay > max_wait
+
+    def _admitted(
+        self, task: Any, request: Any, specs: list[LimitSpec], state: WaitState, outcome: Outcome
+    ) -> None:
+        lateness = None
+        if state.slots is not None:  # used: a later retry of this task must not claim them
+            request.headers[HEADER] = {**state.header(), "slots": None}
+            lateness = max(d.now - d.slot.start for _, _, d in outcome.held if d.slot)
+        signals.task_admitted.send(
+            sender=task,
+            request=request,
+            limits=[s.label for s in specs],
+            waits=state.waits,
+            lateness=lateness,
+        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "governor: %s[%s] admitted by %s after %d waits",
+                task.name,
+                request.id,
+                ", ".join(s.label for s in specs),
+                state.waits,
+            )
+
+    def decide(self, specs: list[LimitSpec], cost: int, state: WaitState) -> Outcome:
+        limiters = [(self.limiter(s.name, s.config), s) for s in specs]
+        if not all(lim.algorithm.books for lim, _ in limiters):
+            return acquire_all(limiters, cost)
+        if state.slots:
+            outcome = claim_all(
+                limiters, cost, state.slots, self.settings.late_tolerance, self.settings.early_sleep
+            )
+            if outcome is not None:
+                return outcome
+        return self.reserve_all(limiters, cost)
+
+    def refund(self, held: Held, cost: int) -> None:
+        refund(held, cost)
+
+    def reserve_all(
+        self,
+        limiters: list[tuple[Limiter, LimitSpec]],
+        cost: int,
+        not_before: float | None = None,
+    ) -> Outcome:
+        return reserve_all(limiters, cost, self.settings.late_tolerance, not_before)
+
+    # -- re-publishing ----------------------------------------------------------------------
+
+    def _deferred(
+        self,
+        task: Any,
+        request: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        state: WaitState,
+        outcome: Outcome,
+        label: str,
+        cost: int,
+    ) -> Deferred:
+        """Re-publish the call to run after the outcome's delay; the Deferred says why.
+
+        Raises Reject (requeue) if the broker refuses: the original message is kept, and what
+        this decision booked is given back.
+        """
+        if state.since is None:
+            state.since = outcome.now or time.time()
+        state.slots = outcome.slots
+        state.waits += 1
+        delay = max(0.0, outcome.delay - (time.monotonic() - outcome.at))
+        park = self.settings.park_after is not None and delay > self.settings.park_after
+        if park:
+            state.parked = f"{request.id}:{state.waits}"
+        sig = task.signature_from_request(
+            request, args, kwargs, countdown=None if park else delay, retries=request.retries
+        )
+        sig.options["headers"] = {**(sig.options.get("headers") or {}), HEADER: state.header()}
+        try:
+            if park:
+                due = (outcome.now or time.time()) + outcome.delay
+                parking.park(
+                    self.client,
+                    self.settings.prefix,
+                    str(state.parked),
+                    due,
+                    parking.envelope(self.app, sig, due, label),
+                )
+                signals.task_parked.send(sender=task, request=request, due=due, limit=label)
+            else:
+                sig.apply_async()
+        except Exception as exc:  # the broker (or Redis) refused: keep the original message
+            self.refund(outcome.held, cost)
+            logger.error(
+                "governor: could not re-publish %s[%s], requeued: %r", task.name, request.id, exc
+            )
+            raise Reject(exc, requeue=True) from exc
+        rule = outcome.decision.rule if outcome.decision is not None else None
+        blocked = outcome.decision.blocked if outcome.decision is not None else None
+        signals.task_deferred.send(
+            sender=task,
+            request=request,
+            limit=label,
+            rule=rule,
+            delay=delay,
+            booked=bool(outcome.slots),
+            blocked=blocked,
+        )
+        self._note(task, request, label, rule, delay, state)
+        why = f"blocked ({blocked})" if blocked is not None else f"{label} {rule or ''}".strip()
+        return Deferred(f"governor: waits {delay:.3f}s for {why} (wait {state.waits})")
+
+    def _note(
+        self, task: Any, request: Any, label: str, rule: Any, delay: float, state: WaitState
+    ) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "governor: %s[%s] deferred %.3fs by %s %s (wait %d)",
+                task.name,
+                request.id,
+                delay,
+                label,
+                rule or "",
+                state.waits,
+            )
+        self._deferrals[label] += 1
+        self._longest = max(self._longest, delay)
+        now = time.monotonic()
+        if now - self._summary_at >= SUMMARY_EVERY:
+            parts = ", ".join(f"{k} {v}" for k, v in self._deferrals.most_common())
+            logger.info(
+                "governor: deferred %d tasks in the last %.0fs (%s); longest wait %.1fs",
+                sum(self._deferrals.values()),
+                now - self._summary_at,
+                parts,
+                self._longest,
+            )
+            self._deferrals.clear()
+            self._longest = 0.0
+            self._summary_at = now

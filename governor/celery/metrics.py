@@ -1,0 +1,594 @@
+"""Prometheus metrics for governed Celery workers (``pip install "governor[prometheus]"``).
+
+Turn them on with ``app.conf.governor_metrics_port = 9808`` (and ``governor_metrics_addr``,
+default ``"0.0.0.0"``): every worker then serves ``http://<host>:9808/metrics`` from its main
+process, with what all of its pool processes counted. Or call :func:`install` yourself when the
+worker starts::
+
+    from celery.signals import worker_init
+    from governor.celery import metrics
+
+    @worker_init.connect
+    def serve_metrics(sender, **_):
+        metrics.install(sender.app, 9808, worker=sender)
+
+Metrics
+-------
+
+==========================================  =========  ======================  =================
+metric                                      type       labels                  counts
+==========================================  =========  ======================  =================
+``governor_admitted_total``                 counter    ``limit``               calls a limit
+                                                                               admitted
+``governor_deferred_total``                 counter    ``limit``, ``rule``,    calls denied and
+                                                       ``booked``              re-published
+``governor_delay_seconds``                  histogram  ``limit``               the delays they
+                                                                               were given
+``governor_lateness_seconds``               histogram  (none)                  how late booked
+                                                                               calls started
+``governor_parked_total``                   counter    ``queue``               deferred calls
+                                                                               parked in Redis
+``governor_released_total``                 counter    ``queue``               parked calls
+                                                                               re-published
+``governor_storage_unavailable_total``      counter    ``fail_mode``           decisions Redis
+                                                                               could not take
+``governor_parked_tasks``                   gauge      (none)                  calls parked now
+==========================================  =========  ======================  =================
+
+- ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
+  ``task:proj.sync``, or the limiter name of a per-key limit (``proj.call_partner``). A call
+  governed by several limits counts once under each of them in ``governor_admitted_total``, so
+  sum over one limit, not over all. A call denied while Redis was unreachable (fail mode
+  "closed") is deferred under ``limit="redis"``.
+- ``rule`` is the rule that made the call wait, in canonical text (``10/s``, ``5/30s``),
+  ``blocked`` for a manual block, ``none`` when there was no single rule (an outage retry, or
+  a wait for a moment other calls kept booking).
+- ``booked`` is ``"true"`` when the call holds a reserved slot for the moment it comes back.
+- ``governor_delay_seconds`` buckets run from 1 ms to a day.
+- ``governor_lateness_seconds``: for a call admitted on the slot it had booked, how long after
+  the slot opened it started (compare with ``governor_late_tolerance``); 1 ms to 5 s.
+- ``governor_parked_tasks`` is whatever :func:`set_parked` last set, or what the callable given
+  to :func:`install` (``parked=``) or :func:`watch_parked` returns at each scrape.
+
+A deferral is not a failure: the gate raises :class:`~governor.celery.Deferred`, an ``Ignore``,
+so Celery's own failure counts (``task_failure``, events, Flower) do not see it, and these
+counters are the only place denials show up. A call that gives up (``GovernorTimeout``) is a
+real task failure and is left to Celery's metrics.
+
+Processes
+---------
+
+The gate admits in the process that runs the task: with the prefork pool, a child process (a
+call known to be denied may be deferred earlier, in the worker's main process). So in a
+prefork worker the counters live in prometheus_client's multiprocess mode: at
+:func:`install` (in the main process, before the pool forks) ``PROMETHEUS_MULTIPROC_DIR`` is
+set to a fresh private directory (removed when the worker exits), or the one you set yourself
+is used as it is (created if missing, never emptied or removed: empty it before the worker
+starts, as prometheus_client asks). Each process writes its own files there; the port, served by
+a thread of the main process, adds them all up (``MultiProcessCollector``), so the counts
+survive pool processes that exit (``worker_max_tasks_per_child``). When a pool process exits,
+Celery's ``worker_process_shutdown`` marks it dead for prometheus_client.
+
+Your own metrics join the port in a prefork worker only if they are multiprocess-safe: set
+``PROMETHEUS_MULTIPROC_DIR`` before anything imports ``prometheus_client``. In a single-process
+worker (``-P solo``, ``threads``, ``gevent``, ``eventlet``; pass ``worker=`` so :func:`install`
+can tell) the port serves the default registry, yours included.
+
+Scraping
+--------
+
+Point Prometheus at every worker; one port per worker process (two workers on one host need two
+ports: the second cannot bind and logs an error, its tasks run unaffected)::
+
+    scrape_configs:
+      - job_name: celery-governor
+        static_configs:
+          - targets: ["worker-1:9808", "worker-2:9808"]
+
+Then, for example::
+
+    sum by (limit) (rate(governor_deferred_total[5m]))          # denials per second
+    histogram_quantile(0.9, sum by (le, limit) (rate(governor_delay_seconds_bucket[5m])))
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from prometheus_client import (
+        REGISTRY,
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        start_http_server,
+    )
+    from prometheus_client import values as prometheus_values
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+except ImportError as exc:  # pragma: no cover
+    raise ImportError(
+        'governor metrics need prometheus-client: pip install "governor[prometheus]"'
+    ) from exc
+
+from celery import signals as celery_signals
+from celery.concurrency import ALIASES
+
+from . import signals
+from .limits import consumed_queue
+
+__all__ = [
+    "DELAY_BUCKETS",
+    "LATENESS_BUCKETS",
+    "install",
+    "installed",
+    "registry",
+    "set_parked",
+    "uninstall",
+    "watch_parked",
+]
+
+logger = logging.getLogger("governor.celery.metrics")
+
+DELAY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+    43200.0,
+    86400.0,
+)
+"""``governor_delay_seconds`` buckets: 1 ms to a day (and +Inf)."""
+
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""``governor_lateness_seconds`` buckets: 1 ms to 5 s (and +Inf)."""
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_SINGLE_PROCESS_POOLS = {
+    ALIASES[k] for k in ("solo", "threads", "eventlet", "gevent") if k in ALIASES
+}
+
+
+class _Metrics:
+    """The metric objects, made once the value class (in-memory or multiprocess) is chosen."""
+
+    def __init__(self) -> None:
+        self.admitted = Counter(
+            "governor_admitted",
+            "Governed calls admitted, once per limit that admitted them.",
+            ["limit"],
+        )
+        self.deferred = Counter(
+            "governor_deferred",
+            "Governed calls denied and re-published to run later (not task failures).",
+            ["limit", "rule", "booked"],
+        )
+        self.delay = Histogram(
+            "governor_delay_seconds",
+            "Delays given to deferred calls, in seconds.",
+            ["limit"],
+            buckets=DELAY_BUCKETS,
+        )
+        self.lateness = Histogram(
+            "governor_lateness_seconds",
+            "How long after its booked slot opened an admitted call started, in seconds.",
+            buckets=LATENESS_BUCKETS,
+        )
+        self.parked = Counter(
+            "governor_parked", "Deferred calls parked in Redis instead of the broker.", ["queue"]
+        )
+        self.released = Counter(
+            "governor_released", "Parked calls re-published by the releaser.", ["queue"]
+        )
+        self.unavailable = Counter(
+            "governor_storage_unavailable",
+            "Decisions that could not be taken because Redis was unreachable.",
+            ["fail_mode"],
+        )
+        self.parked_now = Gauge(
+            "governor_parked_tasks",
+            "Calls parked in Redis right now.",
+            multiprocess_mode="mostrecent",
+        )
+
+    def all(self) -> list[Any]:
+        return [
+            self.admitted,
+            self.deferred,
+            self.delay,
+            self.lateness,
+            self.parked,
+            self.released,
+            self.unavailable,
+            self.parked_now,
+        ]
+
+
+@dataclass
+class _State:
+    app_name: str
+    multiprocess: bool
+    served: Any
+    """The registry (or collector) the port serves."""
+    refresher: _ParkedRefresher
+    directory: str | None = None
+    owns_directory: bool = False
+    previous_value_class: Any = None
+    server: Any = None
+    thread: threading.Thread | None = None
+    port: int | None = None
+    addr: str = "0.0.0.0"
+    pid: int = field(default_factory=os.getpid)
+
+
+_metrics: _Metrics | None = None
+_state: _State | None = None
+_parked_source: Callable[[], float] | None = None
+_install_lock = threading.Lock()
+
+# Every metric update below holds this lock, and so does a fork: a pool
+# process can then never inherit one of prometheus_client's locks held by another thread of the
+# main process (the scrape thread, the releaser), which would hang its first update. See
+# _register_fork_hooks.
+_fork_lock = threading.Lock()
+_fork_hooks_registered = False
+
+
+class _ParkedRefresher:
+    """Collects nothing; asks the ``parked`` callable for the gauge's value at each scrape.
+    Registered ahead of the metrics, so the scrape sees the fresh value."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        source = _parked_source
+        if source is not None:
+            try:
+                value = float(source())
+            except Exception:
+                logger.debug("governor: the parked-tasks callable failed", exc_info=True)
+            else:
+                set_parked(value)
+        return []
+
+
+# -- public API -------------------------------------------------------------------------------
+
+
+def install(
+    app: Any,
+    port: int | None,
+    addr: str = "0.0.0.0",
+    *,
+    worker: Any = None,
+    multiprocess: bool | None = None,
+    parked: Callable[[], float] | None = None,
+) -> None:
+    """Count governor's signals and serve them on ``addr:port`` (``port`` None: count only, for
+    an exporter of your own). Call it once, in the worker's main process, before the pool forks
+    (``worker_init``); later calls in the same process change nothing (but start the server if
+    the first call had no port).
+
+    ``worker`` (the ``worker_init`` sender) tells the pool: a single-process pool needs no
+    multiprocess mode. ``multiprocess`` forces the choice; unknown defaults to multiprocess,
+    which is right for every pool. ``PROMETHEUS_MULTIPROC_DIR`` set in the environment always
+    means multiprocess. ``parked``: called at each scrape for ``governor_parked_tasks``.
+
+    A port that cannot be bound is logged as an error: tasks run on, without metrics.
+    """
+    global _metrics, _state
+    with _install_lock:
+        if parked is not None:
+            watch_parked(parked)
+        if _state is not None:
+            if port is not None and _state.server is None and _state.port is None:
+                _serve(_state, port, addr)
+            elif port is not None and (port, addr) != (_state.port, _state.addr):
+                logger.warning(
+                    "governor: metrics already served on %s:%s, not on %s:%s",
+                    _state.addr,
+                    _state.port,
+                    addr,
+                    port,
+                )
+            return
+        use_mp = _wants_multiprocess(worker, multiprocess)
+        refresher = _ParkedRefresher()
+        state = _State(
+            app_name=str(getattr(app, "main", app)),
+            multiprocess=use_mp,
+            served=None,
+            refresher=refresher,
+        )
+        if use_mp:
+            state.directory, state.owns_directory = _prepare_directory()
+            if not getattr(prometheus_values.ValueClass, "_multiprocess", False):
+                state.previous_value_class = prometheus_values.ValueClass
+                prometheus_values.ValueClass = prometheus_values.MultiProcessValue()  # type: ignore[no-untyped-call]
+            _register_fork_hooks()
+            served = CollectorRegistry()
+            served.register(refresher)
+            MultiProcessCollector(served, path=state.directory)  # type: ignore[no-untyped-call]
+            state.served = served
+            celery_signals.worker_process_shutdown.connect(
+                _on_process_shutdown, weak=False, dispatch_uid="governor.metrics.process_shutdown"
+            )
+            if state.owns_directory:
+                atexit.register(_remove_directory, state.directory, state.pid)
+        else:
+            REGISTRY.register(refresher)
+            state.served = REGISTRY
+        try:
+            _metrics = _Metrics()
+        except Exception:
+            _undo(state)
+            raise
+        _state = state
+        set_parked(0)  # a series from the start (multiprocess mode shows a gauge once it is set)
+        for signal, receiver in _RECEIVERS:
+            signal.connect(receiver, weak=False, dispatch_uid=f"governor.metrics.{signal.name}")
+        if port is not None:
+            _serve(state, port, addr)
+        logger.info(
+            "governor: metrics for %s%s (%s)",
+            state.app_name,
+            f" on http://{addr}:{port}/metrics" if state.server is not None else "",
+            f"multiprocess, {state.directory}" if use_mp else "single process",
+        )
+
+
+def installed() -> bool:
+    """Whether :func:`install` ran in this process (or in the parent it forked from)."""
+    return _state is not None
+
+
+def registry() -> Any:
+    """What the metrics port serves (a ``CollectorRegistry``): for tests and custom exporters
+    (``prometheus_client.generate_latest(metrics.registry())``). Before :func:`install`, the
+    default registry."""
+    return _state.served if _state is not None else REGISTRY
+
+
+def set_parked(count: float) -> None:
+    """Set ``governor_parked_tasks`` (call it where the count is known: the releaser, in the
+    worker's main process). Does nothing before :func:`install`."""
+    metrics = _metrics
+    if metrics is None:
+        return
+    try:
+        with _fork_lock:
+            metrics.parked_now.set(count)
+    except Exception:
+        logger.debug("governor: set_parked failed", exc_info=True)
+
+
+def watch_parked(source: Callable[[], float] | None) -> None:
+    """Have each scrape set ``governor_parked_tasks`` from ``source()`` (None: stop)."""
+    global _parked_source
+    _parked_source = source
+
+
+def uninstall() -> None:
+    """Undo :func:`install` in this process: stop the server, disconnect the receivers, drop the
+    metrics, and leave multiprocess mode if install entered it. For tests."""
+    global _metrics, _state
+    with _install_lock:
+        state = _state
+        if state is None:
+            return
+        for signal, receiver in _RECEIVERS:
+            signal.disconnect(receiver, dispatch_uid=f"governor.metrics.{signal.name}")
+        if state.server is not None:
+            state.server.shutdown()
+            state.server.server_close()
+        if state.thread is not None:
+            state.thread.join(5)
+        metrics, _metrics, _state = _metrics, None, None
+        for metric in metrics.all() if metrics is not None else []:
+            with contextlib.suppress(KeyError):
+                REGISTRY.unregister(metric)
+        _undo(state)
+        watch_parked(None)
+
+
+# -- plumbing ---------------------------------------------------------------------------------
+
+
+def _wants_multiprocess(worker: Any, multiprocess: bool | None) -> bool:
+    if os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower()):
+        return True  # prometheus_client may already count in files: the port must read them
+    if multiprocess is not None:
+        return multiprocess
+    if worker is None:
+        return True
+    return not _single_process_pool(getattr(worker, "pool_cls", None))
+
+
+def _single_process_pool(pool_cls: Any) -> bool:
+    """Whether a worker's pool (a name like "threads", or a class) runs tasks in the worker's
+    own process. Unknown pools count as multiprocess (always correct, only less convenient)."""
+    if isinstance(pool_cls, str):
+        path = ALIASES.get(pool_cls, pool_cls)
+    elif isinstance(pool_cls, type):
+        path = f"{pool_cls.__module__}:{pool_cls.__qualname__}"
+    else:
+        return False
+    return path in _SINGLE_PROCESS_POOLS
+
+
+def _prepare_directory() -> tuple[str, bool]:
+    """The multiprocess directory, and whether governor made it (and removes it at exit)."""
+    path = os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())
+    if path:
+        os.environ[MULTIPROC_ENV] = path  # the old lower-case name: prometheus_client warns
+        os.makedirs(path, exist_ok=True)
+        return path, False
+    path = tempfile.mkdtemp(prefix=f"governor-metrics-{os.getpid()}-")
+    os.environ[MULTIPROC_ENV] = path  # inherited by the pool processes
+    return path, True
+
+
+def _remove_directory(path: str | None, pid: int) -> None:
+    if path and os.getpid() == pid:  # never from a forked pool process
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _undo(state: _State) -> None:
+    with contextlib.suppress(KeyError):
+        state.served.unregister(state.refresher)
+    if not state.multiprocess:
+        return
+    celery_signals.worker_process_shutdown.disconnect(
+        _on_process_shutdown, dispatch_uid="governor.metrics.process_shutdown"
+    )
+    if state.previous_value_class is not None:
+        close = getattr(prometheus_values.ValueClass, "close_all_files", None)
+        if close is not None:
+            close()
+        prometheus_values.ValueClass = state.previous_value_class
+    if state.owns_directory:
+        if os.environ.get(MULTIPROC_ENV) == state.directory:
+            del os.environ[MULTIPROC_ENV]
+        _remove_directory(state.directory, state.pid)
+
+
+def _serve(state: _State, port: int, addr: str) -> None:
+    state.port, state.addr = port, addr
+    try:
+        result = start_http_server(port, addr=addr, registry=state.served)
+    except OSError as exc:
+        logger.error("governor: cannot serve metrics on %s:%s: %s", addr, port, exc)
+        return
+    if isinstance(result, tuple):  # prometheus-client >= 0.20
+        state.server, state.thread = result
+
+
+def _register_fork_hooks() -> None:
+    global _fork_hooks_registered
+    if _fork_hooks_registered or not hasattr(os, "register_at_fork"):
+        return
+    os.register_at_fork(
+        before=_fork_lock.acquire,
+        after_in_parent=_fork_lock.release,
+        after_in_child=_fork_lock.release,
+    )
+    _fork_hooks_registered = True
+
+
+# -- receivers --------------------------------------------------------------------------------
+
+
+def _receiver(
+    update: Callable[[_Metrics, Any, dict[str, Any]], None],
+) -> Callable[..., None]:
+    """A signal receiver that updates the metrics and never raises (metrics must not break a
+    task: errors are logged at debug)."""
+
+    def receive(sender: Any = None, **kwargs: Any) -> None:
+        metrics = _metrics
+        if metrics is None:
+            return
+        try:
+            with _fork_lock:
+                update(metrics, sender, kwargs)
+        except Exception:
+            logger.debug("governor: metrics receiver %s failed", update.__name__, exc_info=True)
+
+    receive.__name__ = receive.__qualname__ = f"receive_{update.__name__.lstrip('_')}"
+    return receive
+
+
+def _rule_label(rule: Any, blocked: Any) -> str:
+    if blocked is not None:
+        return "blocked"
+    if rule is None:
+        return "none"
+    return str(getattr(rule, "text", rule))
+
+
+def _queue_label(sender: Any, kwargs: dict[str, Any]) -> str:
+    queue = kwargs.get("queue")
+    if queue is None:
+        info = getattr(kwargs.get("request"), "delivery_info", None) or {}
+        app = getattr(sender, "app", None)
+        queue = consumed_queue(app, info) if app is not None else info.get("routing_key")
+    return str(queue) if queue else "unknown"
+
+
+def _admitted(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    for label in kw.get("limits") or ():
+        m.admitted.labels(str(label)).inc()
+    lateness = kw.get("lateness")
+    if lateness is not None:
+        m.lateness.observe(max(0.0, float(lateness)))
+
+
+def _deferred(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    limit = str(kw.get("limit") or "unknown")
+    rule = _rule_label(kw.get("rule"), kw.get("blocked"))
+    m.deferred.labels(limit, rule, "true" if kw.get("booked") else "false").inc()
+    delay = kw.get("delay")
+    if delay is not None:
+        m.delay.labels(limit).observe(max(0.0, float(delay)))
+
+
+def _parked(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    m.parked.labels(_queue_label(sender, kw)).inc()
+
+
+def _released(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    count = int(kw.get("count") or 0)
+    if count > 0:
+        m.released.labels(_queue_label(sender, kw)).inc(count)
+
+
+def _unavailable(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    m.unavailable.labels(str(kw.get("fail_mode") or "unknown")).inc()
+
+
+_RECEIVERS = [
+    (signals.task_admitted, _receiver(_admitted)),
+    (signals.task_deferred, _receiver(_deferred)),
+    (signals.task_parked, _receiver(_parked)),
+    (signals.task_released, _receiver(_released)),
+    (signals.storage_unavailable, _receiver(_unavailable)),
+]
+
+
+def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:
+    """A pool process exits (sent in that process): drop its live gauges from the sum."""
+    state = _state
+    if state is None or not state.multiprocess or state.directory is None:
+        return
+    try:
+        mark_process_dead(pid if pid is not None else os.getpid(), state.directory)  # type: ignore[no-untyped-call]
+    except Exception:
+        logger.debug("governor: mark_process_dead failed", exc_info=True)

@@ -1,0 +1,244 @@
+"""Parking: long waits are kept in Redis, not in the broker.
+
+A task that must wait longer than ``governor_park_after`` is not re-published with a far ETA.
+ETA messages sit unacknowledged in worker memory, and on the Redis broker one held longer than
+the visibility timeout is delivered again and runs twice (celery/celery#2599, #3270, #7009).
+Instead the message is parked in Redis (a sorted set by due time, survives worker restarts) and
+a releaser inside every worker re-publishes it once it is within ``park_after`` of its slot, as
+an ordinary short ETA.
+
+Releasing is at least once and running is exactly once: a releaser takes entries under a
+lease, publishes them, and only then removes them; one that dies in between leaves its lease
+to expire and another releaser publishes the entries again. Each released message carries its
+parking id, and the consumer claims that id before running it, so the second copy is dropped.
+
+Keys (one hash tag, so one Redis Cluster slot)::
+
+    <prefix>:{parked}:due      ZSET  parking id -> due (Unix ms, Redis clock)
+    <prefix>:{parked}:msgs     HASH  parking id -> envelope (JSON)
+    <prefix>:{parked}:lease    ZSET  parking id -> lease expiry (Unix ms)
+    <prefix>:{parked}:seen:ID  STRING, 1 day: the parking id was claimed by a consumer
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from celery import bootsteps
+from kombu.serialization import dumps, loads, prepare_accept_content
+from redis.exceptions import NoScriptError, RedisError
+
+from ..errors import StorageUnavailable
+from ..scripts import LuaScript, plain_script
+from . import signals
+
+__all__ = [
+    "Releaser",
+    "ReleaserStep",
+    "claim_first_delivery",
+    "park",
+    "parked_count",
+    "parked_entries",
+]
+
+logger = logging.getLogger("governor.celery")
+SEEN_TTL_MS = 86_400_000
+
+
+def keys(prefix: str) -> tuple[str, str, str]:
+    head = f"{prefix}:{{parked}}:"
+    return head + "due", head + "msgs", head + "lease"
+
+
+def _eval(client: redis.Redis, script: LuaScript, keys_: list[str], args: list[Any]) -> Any:
+    try:
+        try:
+            return client.evalsha(script.sha, len(keys_), *keys_, *args)
+        except NoScriptError:
+            return client.eval(script.text, len(keys_), *keys_, *args)
+    except RedisError as exc:
+        raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc
+
+
+def envelope(app: Any, sig: dict[str, Any], due: float, label: str) -> str:
+    """Serialize a signature with the app's task serializer, plus what the releaser needs."""
+    content_type, encoding, body = dumps(  # type: ignore[no-untyped-call]
+        dict(sig), serializer=app.conf.task_serializer
+    )
+    if isinstance(body, bytes):
+        body, binary = base64.b64encode(body).decode("ascii"), True
+    else:
+        binary = False
+    return json.dumps(
+        {
+            "ct": content_type,
+            "enc": encoding,
+            "body": body,
+            "b64": binary,
+            "due": due,
+            "label": label,
+            "task": sig.get("task"),
+        }
+    )
+
+
+def open_envelope(app: Any, text: str | bytes) -> tuple[Any, float, dict[str, Any]]:
+    """(signature, due, envelope) from a parked envelope."""
+    env = json.loads(text)
+    body = base64.b64decode(env["body"]) if env["b64"] else env["body"]
+    accept = prepare_accept_content(app.conf.accept_content)  # type: ignore[no-untyped-call]
+    data = loads(body, env["ct"], env["enc"], accept=accept)  # type: ignore[no-untyped-call]
+    return app.signature(data), float(env["due"]), env
+
+
+def park(client: redis.Redis, prefix: str, parking_id: str, due: float, text: str) -> int:
+    """Park one message (due: Unix seconds, Redis clock). Returns how many are parked."""
+    due_key, msgs_key, _ = keys(prefix)
+    return int(
+        _eval(
+            client, plain_script("park"), [due_key, msgs_key], [parking_id, round(due * 1000), text]
+        )
+    )
+
+
+def claim_first_delivery(client: redis.Redis, prefix: str, parking_id: str) -> bool:
+    """True for the first delivery of a released message; False for a copy (drop it)."""
+    key = f"{prefix}:{{parked}}:seen:{parking_id}"
+    try:
+        return bool(client.set(key, 1, nx=True, px=SEEN_TTL_MS))
+    except RedisError as exc:
+        raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc
+
+
+def parked_count(client: redis.Redis, prefix: str, label: str | None = None) -> int:
+    """Parked tasks (all, or those deferred by limit ``label``)."""
+    due_key, _, lease_key = keys(prefix)
+    if label is None:
+        return int(client.zcard(due_key)) + int(client.zcard(lease_key))
+    return sum(1 for env in parked_entries(client, prefix) if env.get("label") == label)
+
+
+def parked_entries(client: redis.Redis, prefix: str) -> Iterator[dict[str, Any]]:
+    """Every parked envelope (HSCAN: fine for thousands; for operators, not hot paths)."""
+    _, msgs_key, _ = keys(prefix)
+    for _id, text in client.hscan_iter(msgs_key, count=500):
+        try:
+            yield json.loads(text)
+        except ValueError:
+            continue
+
+
+class Releaser:
+    """Re-publishes parked tasks that are nearly due. One per worker (main process)."""
+
+    def __init__(
+        self,
+        app: Any,
+        client_factory: Any,
+        prefix: str,
+        horizon: float,
+        interval: float = 1.0,
+        lease: float = 30.0,
+        batch: int = 200,
+    ) -> None:
+        self.app = app
+        self.client_factory = client_factory
+        self.prefix = prefix
+        self.horizon = horizon
+        self.interval = interval
+        self.lease = lease
+        self.batch = batch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def release_once(self) -> int:
+        """Take and publish what is due within the horizon; returns how many were published."""
+        client = self.client_factory()
+        due_key, msgs_key, lease_key = keys(self.prefix)
+        reply = _eval(
+            client,
+            plain_script("release"),
+            [due_key, msgs_key, lease_key],
+            [round(self.horizon * 1000), round(self.lease * 1000), self.batch],
+        )
+        now, taken_at = int(reply[0]) / 1000, time.monotonic()
+        published = 0
+        for i in range(1, len(reply), 2):
+            parking_id = reply[i].decode() if isinstance(reply[i], bytes) else reply[i]
+            try:
+                sig, due, _env = open_envelope(self.app, reply[i + 1])
+            except Exception as exc:  # unreadable: keep it leased and visible in the logs
+                logger.error("governor: cannot read parked task %s: %r", parking_id, exc)
+                continue
+            # the Redis clock now: publishing a large batch takes a while
+            sig.apply_async(countdown=max(0.0, due - now - (time.monotonic() - taken_at)))
+            pipe = client.pipeline(transaction=True)
+            pipe.zrem(lease_key, parking_id)
+            pipe.hdel(msgs_key, parking_id)
+            pipe.execute()
+            published += 1
+        if published:
+            signals.task_released.send(sender=self, count=published, queue=None)
+            logger.debug("governor: released %d parked tasks", published)
+        return published
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                while self.release_once() >= self.batch and not self._stop.is_set():
+                    pass
+            except Exception as exc:  # Redis or broker trouble: try again next round
+                logger.warning("governor: releasing parked tasks failed: %r", exc)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="governor-releaser", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker bootstep: run a :class:`Releaser` in the worker's main process."""
+
+    label = "governor releaser"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.releaser: Releaser | None = None
+
+    def start(self, worker: Any) -> None:
+        from .app import Governor
+
+        governor = Governor.find(worker.app)
+        horizon = governor.settings.park_after if governor is not None else None
+        if governor is None or horizon is None:
+            return
+        settings = governor.settings
+        self.releaser = Releaser(
+            worker.app,
+            lambda: governor.gate.client,
+            settings.prefix,
+            horizon,
+            interval=settings.release_interval,
+            lease=settings.release_lease,
+        )
+        self.releaser.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.releaser is not None:
+            self.releaser.stop()
+            self.releaser = None
+
+    def terminate(self, worker: Any) -> None:
+        # StartStopStep.terminate only stops ``self.obj``; a cold shutdown must stop it too.
+        self.stop(worker)

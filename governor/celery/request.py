@@ -1,0 +1,142 @@
+"""The worker-side request class: a governed message is acknowledged once its fate is known.
+
+Celery acknowledges a task's message when a pool process starts it (unless ``acks_late``); the
+governor gate runs after that, in the pool process. So for governed messages this request holds
+that early acknowledgement until the pool process reports back: after a deferral (the new
+message is out by then), a success, a failure or a retry. A worker that dies in between leaves
+the message unacknowledged, and the broker delivers it again: nothing is lost, at the price of
+running a governed task twice if the whole worker dies during its body (as with acks_late).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import TaskRevokedError
+from celery.utils.imports import symbol_by_name
+from celery.worker.request import Request
+
+__all__ = ["GovernedRequestMixin", "governed_request_class"]
+
+
+class GovernedRequestMixin:
+    """Holds the early acknowledgement of governed messages until the outcome is known."""
+
+    _governor_hold = False
+    task: Any
+    delivery_info: Any
+
+    def _governed_message(self) -> bool:
+        from .app import Governor
+
+        governor = Governor.find(self.task.app)
+        return governor is not None and governor.gate.governs(self.task, self.delivery_info)
+
+    def acknowledge(self) -> None:
+        if not self._governor_hold:
+            super().acknowledge()  # type: ignore[misc]
+
+    def _governor_release(self) -> None:
+        if self._governor_hold:
+            self._governor_hold = False
+            super().acknowledge()  # type: ignore[misc]
+
+    def on_accepted(self, pid: int, time_accepted: float) -> None:
+        if not self.task.acks_late and self._governed_message():
+            self._governor_hold = True
+        super().on_accepted(pid, time_accepted)  # type: ignore[misc]
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        parent: Any = super()
+        try:
+            parent.on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        finally:
+            self._governor_release()
+
+    def on_retry(self, exc_info: Any) -> None:
+        try:
+            super().on_retry(exc_info)  # type: ignore[misc]
+        finally:
+            self._governor_release()
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)  # type: ignore[misc]
+        if not soft:
+            self._governor_release()
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
+        try:
+            super().on_success(failed__retval__runtime, **kwargs)  # type: ignore[misc]
+        finally:
+            self._governor_release()
+
+    def _governor_defer_early(self) -> bool:
+        from .app import Governor
+
+        governor = Governor.find(self.task.app)
+        return governor is not None and governor.gate.defer_early(self)
+
+    def execute_using_pool(self, pool: Any, **kwargs: Any) -> Any:
+        if self._governor_defer_early():
+            _skip_pool(self)
+        return super().execute_using_pool(pool, **kwargs)  # type: ignore[misc]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Celery builds a subclass per task (create_request_cls) that redefines
+        # execute_using_pool and on_success without calling ours: wrap them, so a known denial
+        # is deferred before it reaches the pool and a held acknowledgement is released after
+        # success.
+        super().__init_subclass__(**kwargs)
+        dispatch = cls.__dict__.get("execute_using_pool")
+        if dispatch is not None and not getattr(dispatch, "_governor_wrapped", False):
+
+            def execute_using_pool(self: Any, pool: Any, **kw: Any) -> Any:
+                if self._governor_defer_early():
+                    _skip_pool(self)
+                return dispatch(self, pool, **kw)
+
+            execute_using_pool._governor_wrapped = True  # type: ignore[attr-defined]
+            cls.execute_using_pool = execute_using_pool  # type: ignore[method-assign]
+        own = cls.__dict__.get("on_success")
+        if own is not None and not getattr(own, "_governor_wrapped", False):
+
+            def on_success(self: Any, failed__retval__runtime: Any, **kw: Any) -> None:
+                try:
+                    own(self, failed__retval__runtime, **kw)
+                finally:
+                    self._governor_release()
+
+            on_success._governor_wrapped = True  # type: ignore[attr-defined]
+            cls.on_success = on_success  # type: ignore[method-assign]
+
+
+def _skip_pool(request: Any) -> None:
+    """Leave the worker's dispatch for a request that was deferred without the pool.
+
+    With the prefork pool the worker takes a pool semaphore slot before dispatching and only
+    the job's completion gives it back; a request that never reaches the pool would keep it
+    forever. TaskRevokedError is how Celery itself leaves that path: WorkController
+    ``_process_task`` catches it and releases the slot (Celery issue 877).
+    """
+    raise TaskRevokedError(request.id)
+
+
+_classes: dict[type, type] = {}
+
+
+def governed_request_class(base: Any) -> type:
+    """A request class holding governed acknowledgements, derived from ``base`` (a class or
+    its dotted name, as in ``Task.Request``)."""
+    base_cls: type = symbol_by_name(base) if isinstance(base, str) else base
+    if issubclass(base_cls, GovernedRequestMixin):
+        return base_cls
+    if base_cls not in _classes:
+        _classes[base_cls] = type(
+            f"Governed{base_cls.__name__}", (GovernedRequestMixin, base_cls), {}
+        )
+    return _classes[base_cls]
+
+
+GovernedRequest = governed_request_class(Request)

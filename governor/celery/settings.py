@@ -1,0 +1,194 @@
+"""governor's Celery settings: ``app.conf.governor_*``, validated in one place.
+
+=============================  ==========================================================
+setting                        meaning (default)
+=============================  ==========================================================
+``governor_redis_url``         Redis for limiter state (the broker URL if it is Redis)
+``governor_prefix``            key prefix ("governor")
+``governor_algorithm``         default algorithm ("sliding_log")
+``governor_queues``            {queue: rules} quotas for every task consumed from the queue
+``governor_tasks``             {task name: rules} limits for every call of a task
+``governor_fail_mode``         "closed": no Redis, no run (re-published after a backoff);
+                               "open": run ungoverned with a warning ("closed")
+``governor_outage_retry``      first backoff in seconds when Redis is unreachable (5.0)
+``governor_max_wait``          give up with GovernorTimeout after waiting this long (None)
+``governor_late_tolerance``    how late a task may start on its booked slot, seconds (0.025)
+``governor_early_sleep``       an early arrival sleeps up to this long instead of
+                               being re-published, seconds (0.5)
+``governor_socket_timeout``    Redis socket timeout for decisions, seconds (2.0)
+``governor_park_after``        waits longer than this (seconds) are parked in Redis rather than
+                               given to the broker as ETAs (default: half the broker's
+                               visibility timeout, at most 300; False: never park)
+``governor_release_interval``  how often each worker's releaser looks for due tasks (1.0)
+``governor_release_lease``     seconds a releaser may take to publish what it took (30.0)
+``governor_metrics_port``      serve Prometheus metrics on this port (None: off)
+``governor_metrics_addr``      address for the metrics server ("0.0.0.0")
+=============================  ==========================================================
+
+Rules may be a string (``"10/s, 800/d"``), a list, or a mapping
+``{"rules": "10/s", "algorithm": "gcra"}``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..algorithms import get_algorithm
+from ..errors import ConfigError, GovernorError
+from ..rules import Rule, parse_rules
+
+__all__ = ["LimitConfig", "Settings", "load_settings"]
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitConfig:
+    rules: tuple[Rule, ...]
+    algorithm: str
+
+    @property
+    def text(self) -> str:
+        return ", ".join(r.text for r in self.rules)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    redis_url: str | None
+    prefix: str = "governor"
+    algorithm: str = "sliding_log"
+    queues: Mapping[str, LimitConfig] = field(default_factory=dict)
+    tasks: Mapping[str, LimitConfig] = field(default_factory=dict)
+    fail_mode: str = "closed"
+    outage_retry: float = 5.0
+    max_wait: float | None = None
+    late_tolerance: float = 0.025
+    early_sleep: float = 0.5
+    socket_timeout: float = 2.0
+    park_after: float | None = 300.0
+    release_interval: float = 1.0
+    release_lease: float = 30.0
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+
+    def require_redis(self) -> str:
+        if not self.redis_url:
+            raise ConfigError(
+                "governor needs Redis: set app.conf.governor_redis_url = 'redis://host:6379/1' "
+                "(the broker is not Redis, so it cannot be the default)"
+            )
+        return self.redis_url
+
+
+def limit_config(value: Any, default_algorithm: str, where: str) -> LimitConfig:
+    """Parse one configured limit; errors name ``where`` (e.g. "governor_queues['emails']")."""
+    algorithm = default_algorithm
+    rules = value
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"rules", "algorithm"}
+        if unknown or "rules" not in value:
+            raise ConfigError(
+                f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log'}}, got {value!r}"
+            )
+        rules, algorithm = value["rules"], value.get("algorithm", default_algorithm)
+    try:
+        parsed = parse_rules(rules)
+        get_algorithm(algorithm).check(parsed)
+    except GovernorError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return LimitConfig(parsed, get_algorithm(algorithm).name)
+
+
+def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float = 0.0) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{where} must be a number of seconds, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{where} must be at least {minimum}, got {value!r}")
+    return float(value)
+
+
+def load_settings(conf: Any) -> Settings:
+    """Read and validate ``governor_*`` from a Celery ``app.conf``."""
+    get = conf.get
+    redis_url = get("governor_redis_url")
+    if redis_url is None:
+        broker = get("broker_url") or ""
+        if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
+            redis_url = broker.split(";")[0]
+    elif not isinstance(redis_url, str) or not redis_url.startswith(REDIS_SCHEMES):
+        raise ConfigError(
+            f"governor_redis_url must be a redis://, rediss:// or unix:// URL, got {redis_url!r}"
+        )
+    algorithm = get("governor_algorithm") or "sliding_log"
+    try:
+        algorithm = get_algorithm(algorithm).name
+    except ConfigError as exc:
+        raise ConfigError(f"governor_algorithm: {exc}") from None
+
+    def table(setting: str) -> dict[str, LimitConfig]:
+        raw = get(setting) or {}
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{setting} must be a mapping of names to rules, got {raw!r}")
+        return {
+            str(name): limit_config(value, algorithm, f"{setting}[{name!r}]")
+            for name, value in raw.items()
+        }
+
+    fail_mode = get("governor_fail_mode") or "closed"
+    if fail_mode not in ("closed", "open"):
+        raise ConfigError(f"governor_fail_mode must be 'closed' or 'open', got {fail_mode!r}")
+    prefix = get("governor_prefix") or "governor"
+    metrics_port = get("governor_metrics_port")
+    if isinstance(metrics_port, str) and metrics_port.isdigit():
+        metrics_port = int(metrics_port)
+    if metrics_port is not None and (
+        isinstance(metrics_port, bool)
+        or not isinstance(metrics_port, int)
+        or not 0 < metrics_port < 65536
+    ):
+        raise ConfigError(f"governor_metrics_port must be a TCP port or None, got {metrics_port!r}")
+    metrics_addr = get("governor_metrics_addr") or "0.0.0.0"
+    park_after = get("governor_park_after")
+    if park_after is None:
+        options = get("broker_transport_options") or {}
+        visibility = (
+            options.get("visibility_timeout", 3600) if isinstance(options, Mapping) else 3600
+        )
+        park_after = min(300.0, float(visibility) / 2)
+    elif park_after is False:
+        park_after = None
+    else:
+        park_after = seconds(park_after, "governor_park_after", minimum=0.001)
+    if not isinstance(metrics_addr, str):
+        raise ConfigError(f"governor_metrics_addr must be a host address, got {metrics_addr!r}")
+    return Settings(
+        redis_url=redis_url,
+        prefix=prefix,
+        algorithm=algorithm,
+        queues=table("governor_queues"),
+        tasks=table("governor_tasks"),
+        fail_mode=fail_mode,
+        outage_retry=seconds(
+            get("governor_outage_retry", 5.0), "governor_outage_retry", minimum=0.01
+        ),
+        max_wait=seconds(get("governor_max_wait"), "governor_max_wait", allow_none=True),
+        late_tolerance=seconds(get("governor_late_tolerance", 0.025), "governor_late_tolerance"),
+        early_sleep=seconds(get("governor_early_sleep", 0.5), "governor_early_sleep"),
+        metrics_port=metrics_port,
+        metrics_addr=metrics_addr,
+        park_after=park_after,
+        release_interval=seconds(
+            get("governor_release_interval", 1.0), "governor_release_interval", minimum=0.01
+        ),
+        release_lease=seconds(
+            get("governor_release_lease", 30.0), "governor_release_lease", minimum=0.1
+        ),
+        socket_timeout=seconds(
+            get("governor_socket_timeout", 2.0), "governor_socket_timeout", minimum=0.01
+        ),
+    )

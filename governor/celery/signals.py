@@ -1,0 +1,47 @@
+"""Signals sent by governed tasks, for metrics and logging (Celery's own dispatcher).
+
+>>> from governor.celery import signals
+>>> @signals.task_deferred.connect
+... def count(sender, delay, limit, **kw): ...
+
+All are sent in the process that took the decision (a pool process for the gate, the worker's
+main process for the releaser). Receivers must be quick; their exceptions are logged.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "storage_unavailable",
+    "task_admitted",
+    "task_deferred",
+    "task_parked",
+    "task_released",
+]
+
+task_admitted = Signal(
+    name="governor.task_admitted", providing_args={"request", "limits", "waits", "lateness"}
+)
+"""A governed task may run. ``limits``: the limit labels that admitted it; ``waits``: how many
+times it waited before; ``lateness``: for a task that started on a booked slot, how long after
+the slot opened it started (seconds), else None."""
+
+task_deferred = Signal(
+    name="governor.task_deferred",
+    providing_args={"request", "limit", "rule", "delay", "booked", "blocked"},
+)
+"""A governed task was re-published to run ``delay`` seconds later. ``limit``: the label of the
+limit that made it wait (``queue:emails``, ``task:proj.sync``, ``proj.call_partner``); ``rule``:
+the rule (or None for a booking queue or block); ``booked``: whether a slot was reserved."""
+
+task_parked = Signal(name="governor.task_parked", providing_args={"request", "due"})
+"""A deferred task was parked in Redis instead of the broker, due at ``due`` (Unix seconds)."""
+
+task_released = Signal(name="governor.task_released", providing_args={"count", "queue"})
+"""The releaser re-published ``count`` parked tasks."""
+
+storage_unavailable = Signal(
+    name="governor.storage_unavailable", providing_args={"request", "error", "fail_mode"}
+)
+"""Redis could not be reached for a decision; ``fail_mode`` says what happened to the task."""

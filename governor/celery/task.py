@@ -1,0 +1,53 @@
+"""Governed tasks: a base class, and the mixin the worker adds to every other task.
+
+>>> @app.task(base=GovernedTask, governor_limit="5/s, 200/h",
+...           governor_key=lambda customer_id, **_: customer_id)
+... def call_partner(customer_id, payload): ...
+
+Task attributes (all optional):
+
+``governor_limit``      rules; with ``governor_key`` they apply per key, without it per task
+``governor_key``        callable -> subject (str or int) for per-key limits; it gets the task's
+                        arguments by name: ``lambda customer_id, **_: customer_id``
+``governor_name``       limiter name for per-key limits (default: the task name); tasks that
+                        share a name share the per-key limit
+``governor_algorithm``  algorithm for these rules (default: ``governor_algorithm``)
+``governor_cost``       units a call costs: int, or a callable like ``governor_key`` (1)
+``governor_max_wait``   give up with GovernorTimeout after waiting this long in total (seconds)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Task
+
+__all__ = ["GovernedMixin", "GovernedTask"]
+
+
+class GovernedMixin:
+    """Runs governor's gate before the task body (from ``before_start``, where Celery's trace
+    handles the :class:`~celery.exceptions.Ignore` a deferral raises; signal receivers could not
+    stop the task)."""
+
+    app: Any
+
+    def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from .app import Governor
+
+        deferred = Governor.of(self.app).gate.admit(self, tuple(args), kwargs)
+        if deferred is not None:
+            raise deferred  # here, so the traceback Celery records for it stays short
+        super().before_start(task_id, args, kwargs)  # type: ignore[misc]
+
+
+class GovernedTask(GovernedMixin, Task):  # type: ignore[misc]
+    """Base class for tasks with their own limits (see the module docstring)."""
+
+    governor_limit: Any = None
+    governor_key: Callable[..., Any] | None = None
+    governor_name: str | None = None
+    governor_algorithm: str | None = None
+    governor_cost: int | Callable[..., int] = 1
+    governor_max_wait: float | None = None

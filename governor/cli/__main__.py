@@ -1,0 +1,5 @@
+"""``python -m governor.cli``: the same as the ``governor`` command."""
+
+from . import main
+
+main()

@@ -1,0 +1,282 @@
+"""What every ``governor`` command shares: the context object, errors and exit codes, durations.
+
+Commands get a :class:`State` with ``@pass_state`` and raise :class:`CliError` (or let a
+governor / redis error escape): :class:`GovernorGroup` turns those into one line on stderr and
+an exit code, never a traceback.
+
+=====  ==============================================================================
+code   meaning
+=====  ==============================================================================
+0      ok
+1      a check failed: the subject is blocked or full (``inspect``), Redis refused
+2      usage error: bad option, duration, rule, URL, unknown limit name, bad Celery app
+3      Redis unreachable
+=====  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import click
+import redis
+from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..errors import GovernorError, StorageUnavailable
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "CliError",
+    "Duration",
+    "FloatParam",
+    "GovernorGroup",
+    "State",
+    "echo_json",
+    "format_duration",
+    "format_time",
+    "json_number",
+    "mask_url",
+    "parse_duration",
+    "pass_state",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+class CliError(click.ClickException):
+    """A user error: printed as ``Error: <message>`` with ``exit_code`` (no traceback)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        setattr(self, "exit_code", exit_code)  # noqa: B010 (click declares it a ClassVar)
+
+
+# -- durations --------------------------------------------------------------------------------
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"90s"``, ``"15m"``, ``"2h"``, ``"1d"``, ``"1h30m"``, ``"500ms"`` or ``"45"``.
+
+    >>> parse_duration("1h30m")
+    5400.0
+    """
+    raw = text.strip().lower().replace(" ", "")
+    if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+        value = float(raw)
+    elif raw and _PART.sub("", raw) == "":
+        value = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(raw))
+    else:
+        raise ValueError(
+            f"{text!r} is not a duration: write e.g. 90s, 15m, 2h, 1d or 1h30m "
+            "(units ms, s, m, h, d, w; a bare number is seconds)"
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"duration {text!r} must be longer than zero")
+    return value
+
+
+if TYPE_CHECKING:  # click >= 8.4 makes ParamType generic; older ones cannot be subscripted
+    FloatParam = click.ParamType[float]
+else:
+    FloatParam = click.ParamType
+
+
+class Duration(FloatParam):
+    """A click option type for :func:`parse_duration` (bad input exits 2 with the fix)."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def format_duration(seconds: float) -> str:
+    """``0.25s``, ``4.5s``, ``42s``, ``1h 30m``, ``12d 1h 9m 19s``; ``never`` for infinity.
+
+    >>> format_duration(1040959), format_duration(0.4), format_duration(0)
+    ('12d 1h 9m 19s', '0.4s', '0s')
+    """
+    if math.isinf(seconds):
+        return "never"
+    if seconds <= 0:
+        return "0s"
+    if seconds < 10 and seconds != int(seconds):
+        return f"{seconds:.3g}s"
+    total = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, total = divmod(total, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return " ".join(parts)
+
+
+def format_time(unix: float) -> str:
+    """A Unix time as local ISO text with the offset, to the second."""
+    return datetime.fromtimestamp(unix, timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def json_number(value: float) -> float | None:
+    """JSON has no infinity: ``never`` becomes null."""
+    return None if math.isinf(value) or math.isnan(value) else round(value, 6)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to print)."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+# -- the context object -----------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """Options and lazily made resources shared by the commands of one invocation."""
+
+    redis_url: str
+    prefix: str
+    app: Any | None = None
+    redis_url_from: str = "default"
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Per-invocation memo (e.g. the app's configured limits, read once for every top frame)."""
+    _client: redis.Redis | None = field(default=None, repr=False)
+
+    @property
+    def app_name(self) -> str | None:
+        """The Celery app's name (``app.main``), or None without an app."""
+        return None if self.app is None else str(self.app.main)
+
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client, made on first use (``plan`` never makes one)."""
+        if self._client is None:
+            try:
+                self._client = redis.Redis.from_url(
+                    self.redis_url, socket_connect_timeout=3.0, socket_timeout=10.0
+                )
+            except ValueError as exc:
+                raise CliError(
+                    f"bad Redis URL {mask_url(self.redis_url)!r} ({self.redis_url_from}): {exc}. "
+                    "Use e.g. redis://localhost:6379/0 with --redis-url or GOVERNOR_REDIS_URL"
+                ) from None
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+pass_state = click.make_pass_decorator(State)
+"""Give a command the :class:`State` as its first argument."""
+
+
+# -- error handling ---------------------------------------------------------------------------
+
+
+def _redis_message(exc: Exception) -> str:
+    state = click.get_current_context().find_object(State)
+    where = f" at {mask_url(state.redis_url)}" if state else ""
+    if isinstance(exc, AuthenticationError):
+        return f"Redis{where} refused the credentials: {exc}. Fix the password in --redis-url"
+    return (
+        f"cannot reach Redis{where}: {str(exc).rstrip('.')}. Is it running? Point --redis-url or "
+        "GOVERNOR_REDIS_URL at it (e.g. redis://localhost:6379/0)"
+    )
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn governor and redis errors into :class:`CliError` with the right exit code."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except (StorageUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
+        raise CliError(_redis_message(exc), EXIT_UNREACHABLE) from None
+    except GovernorError as exc:
+        # bad input (ConfigError, RuleError, CostError, SubjectError) is a usage error;
+        # StateError (a key holding something else) and the like are failures
+        code = EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
+        raise CliError(str(exc), code) from None
+    except RedisError as exc:
+        raise CliError(f"Redis answered with an error: {exc}", EXIT_FAILED) from None
+
+
+class GovernorGroup(click.Group):
+    """A click group whose commands live in their own modules, imported on first use.
+
+    ``lazy`` maps a command name to ``"module:attribute"`` under ``governor.cli``; adding a
+    command is one line there. Importing lazily keeps ``celery`` start-up (which loads this
+    group through its plugin entry point) fast, and a missing optional dependency (rich) only
+    fails the commands that need it, with a message instead of a traceback.
+    """
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy: Mapping[str, str] = lazy if lazy is not None else {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is not None or cmd_name not in self.lazy:
+            return found
+        module, _, attr = self.lazy[cmd_name].partition(":")
+        try:
+            command = getattr(importlib.import_module(f"governor.cli.{module}"), attr)
+        except ImportError as exc:
+            return _unavailable(cmd_name, exc)
+        assert isinstance(command, click.Command)
+        return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            with user_errors():
+                return super().invoke(ctx)
+        finally:
+            state = ctx.find_object(State)
+            if state is not None:
+                state.close()
+
+
+def _unavailable(name: str, exc: ImportError) -> click.Command:
+    missing = exc.name or str(exc)
+    hint = "pip install 'governor[cli]'" if missing.startswith("rich") else f"install {missing}"
+
+    def fail() -> None:
+        raise CliError(f"'governor {name}' needs {missing!r}, which is not installed: {hint}")
+
+    return click.Command(name, callback=fail, help=f"(unavailable: {missing} is not installed)")

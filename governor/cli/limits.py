@@ -1,0 +1,344 @@
+"""Which limits exist, and what Redis holds for them: the data behind status, inspect and top.
+
+With a Celery app, the limits are the app's configuration (see :mod:`governor.celery.limits`)::
+
+    queue quota      limiter "queue", subject = the queue      governor inspect queue emails
+    whole-task       limiter "task",  subject = the task name  governor inspect task proj.sync
+    per-key          limiter = governor_name or task name      governor inspect proj.call c-42
+
+Without one, :func:`found_limits` groups the ``<prefix>:{<name>:<subject>}:<kind>`` keys that a
+SCAN finds by limiter name; their rules are unknown, so only blocks and bookings are shown.
+
+>>> entries = configured_limits(app, settings)            # doctest: +SKIP
+>>> [snapshot(state, e) for e in entries]                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from ..algorithms import ALGORITHMS
+from ..decision import Usage
+from ..keys import parse_key
+from ..limiter import Limiter
+from ..rules import Rule
+from .common import CliError, State
+
+if TYPE_CHECKING:
+    from ..celery.settings import Settings
+
+__all__ = [
+    "LimitEntry",
+    "LimitState",
+    "SubjectState",
+    "all_limits",
+    "app_limits",
+    "configured_limits",
+    "found_limits",
+    "load_app",
+    "parked_count",
+    "resolve",
+    "settings_of",
+    "snapshot",
+]
+
+MAX_EXAMINED = 5000
+"""Subjects of one limit whose usage status and top read (one round trip each)."""
+_SUFFIXES = {a.suffix: a.name for a in ALGORITHMS.values()}
+_ANY_RULE = (Rule(1, 1.0),)
+"""A stand-in for unknown rules: blocks and sliding-log bookings do not depend on the rules."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Rules and algorithm of one limit (the CLI's view of a ``LimitConfig``)."""
+
+    rules: tuple[Rule, ...]
+    algorithm: str
+
+    @property
+    def text(self) -> str:
+        return ", ".join(r.text for r in self.rules)
+
+
+@dataclass(frozen=True)
+class LimitEntry:
+    """One limit: ``kind`` is ``queue``, ``task``, ``key`` (per-key, one limiter, many subjects)
+    or ``found`` (seen in Redis, rules unknown)."""
+
+    kind: str
+    name: str
+    config: Config | None
+    subject: str | None = None
+    tasks: tuple[str, ...] = ()
+    algorithms: tuple[str, ...] = ()
+    """For ``found`` limits: the algorithms whose state keys were seen."""
+
+    @property
+    def label(self) -> str:
+        """``queue:emails``, ``task:proj.sync``, or the limiter name of a per-key limit."""
+        return f"{self.name}:{self.subject}" if self.kind in ("queue", "task") else self.name
+
+    def limiter(self, state: State, algorithm: str | None = None) -> Limiter:
+        rules = self.config.rules if self.config else _ANY_RULE
+        algo = algorithm or (self.config.algorithm if self.config else "sliding_log")
+        return Limiter(state.client, rules, algorithm=algo, name=self.name, prefix=state.prefix)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "subject": self.subject,
+            "label": self.label,
+            "rules": [r.text for r in self.config.rules] if self.config else None,
+            "algorithm": self.config.algorithm if self.config else None,
+            "tasks": list(self.tasks),
+        }
+
+
+@dataclass(frozen=True)
+class SubjectState:
+    """What Redis holds for one subject of a limit (``usage.rules`` is empty if unknown)."""
+
+    subject: str
+    algorithm: str | None
+    usage: Usage
+    booked: int | None
+    """Bookings held; None when the rules (needed to count them) are unknown."""
+
+    @property
+    def admits(self) -> bool:
+        """Whether one more unit would be admitted now (not blocked, every rule has room)."""
+        return self.usage.blocked is None and all(r.retry_after <= 0 for r in self.usage.rules)
+
+    @property
+    def fullness(self) -> float:
+        return max((r.used / r.limit for r in self.usage.rules), default=0.0)
+
+
+@dataclass(frozen=True)
+class LimitState:
+    entry: LimitEntry
+    subjects: list[SubjectState]
+    total: int
+    """Subjects examined; ``subjects`` may show fewer (blocked, then the fullest, first)."""
+    parked: int = 0
+    capped: bool = False
+    """More than :data:`MAX_EXAMINED` subjects exist: only that many were examined."""
+
+
+# -- the Celery app ---------------------------------------------------------------------------
+
+
+def load_app(spec: str) -> Any:
+    """A Celery app from ``-A``: ``proj``, ``proj.celery`` or ``proj.celery:app`` (as celery)."""
+    try:
+        from celery.app.utils import find_app
+    except ImportError:
+        raise CliError("-A needs Celery: pip install 'governor[celery]'") from None
+    try:
+        return find_app(spec)
+    except ModuleNotFoundError as exc:
+        raise CliError(
+            f"cannot load Celery app {spec!r}: no module named {exc.name!r}. Run from the "
+            "project's directory or fix -A (module, module.attr or module:attr)"
+        ) from None
+    except AttributeError as exc:
+        raise CliError(f"cannot load Celery app {spec!r}: {exc}") from None
+    except Exception as exc:
+        raise CliError(
+            f"cannot load Celery app {spec!r}: importing it raised {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def settings_of(app: Any) -> Settings:
+    """The app's governor settings (``Governor.find(app).settings`` when installed)."""
+    from ..celery.app import Governor
+    from ..celery.settings import load_settings
+
+    governor = Governor.find(app)
+    return governor.settings if governor is not None else load_settings(app.conf)
+
+
+def _tasks(app: Any) -> list[Any]:
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:
+        raise CliError(
+            f"Celery app {app.main!r}: importing its task modules raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    return sorted(
+        (t for t in app.tasks.values() if not t.name.startswith("celery.")),
+        key=lambda t: str(t.name),
+    )
+
+
+def app_limits(state: State) -> list[LimitEntry]:
+    """:func:`configured_limits` of the state's app, read once per invocation."""
+    if state.app is None:
+        return []
+    if "limits" not in state.cache:
+        state.cache["limits"] = configured_limits(state.app, settings_of(state.app))
+    return list(state.cache["limits"])
+
+
+def configured_limits(app: Any, settings: Settings) -> list[LimitEntry]:
+    """Every limit the app configures: queues, then whole-task limits, then per-key limits."""
+    from ..celery.limits import key_config, task_limit_config
+
+    def conv(config: Any) -> Config:
+        return Config(tuple(config.rules), str(config.algorithm))
+
+    out = [LimitEntry("queue", "queue", conv(c), q) for q, c in settings.queues.items()]
+    tasks = _tasks(app)
+    whole: dict[str, Config] = {name: conv(c) for name, c in settings.tasks.items()}
+    keyed: dict[str, tuple[Config, list[str]]] = {}
+    for task in tasks:
+        config = task_limit_config(task, settings)
+        if config is not None:
+            whole[task.name] = conv(config)
+        config = key_config(task, settings)
+        if config is not None:
+            name = getattr(task, "governor_name", None) or task.name
+            keyed.setdefault(name, (conv(config), []))[1].append(task.name)
+    out += [LimitEntry("task", "task", c, name, (name,)) for name, c in sorted(whole.items())]
+    out += [
+        LimitEntry("key", name, c, None, tuple(names)) for name, (c, names) in sorted(keyed.items())
+    ]
+    return out
+
+
+def found_limits(state: State) -> list[tuple[LimitEntry, list[str]]]:
+    """Limiters seen in Redis under the prefix (SCAN), with their subjects."""
+    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in f"{state.prefix}:{{") + "*"
+    subjects: dict[str, dict[str, None]] = {}
+    algorithms: dict[str, set[str]] = {}
+    for raw in state.client.scan_iter(match=pattern, count=1000):
+        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        parts = parse_key(key, state.prefix)
+        if parts is None:
+            continue
+        name, subject, kind = parts
+        subjects.setdefault(name, {})[subject] = None
+        if kind[:2] in _SUFFIXES:  # gcra, token_bucket, fixed_window add a rules hash
+            algorithms.setdefault(name, set()).add(_SUFFIXES[kind[:2]])
+    return [
+        (
+            LimitEntry("found", name, None, algorithms=tuple(sorted(algorithms.get(name, ())))),
+            list(subjects[name]),
+        )
+        for name in sorted(subjects)
+    ]
+
+
+def resolve(
+    state: State, name: str, subject: str, rules: str | None, algorithm: str | None = None
+) -> LimitEntry | None:
+    """The limit ``NAME SUBJECT`` refers to: from ``--rules``, else from the app's config.
+
+    None when there is neither (commands that need the rules say so). An app that does not
+    configure ``name`` is a usage error (a typo must not silently inspect an empty limiter).
+    """
+    if rules is not None:
+        from ..algorithms import get_algorithm
+        from ..rules import parse_rules
+
+        if algorithm is None:
+            algorithm = settings_of(state.app).algorithm if state.app else "sliding_log"
+        config = Config(parse_rules(rules), get_algorithm(algorithm).name)
+        return LimitEntry("given", name, config, subject)
+    if state.app is None:
+        return None
+    entries = app_limits(state)
+    for entry in entries:
+        if entry.name == name and entry.subject in (None, subject):
+            return replace(entry, subject=subject) if entry.subject is None else entry
+    fixed = [e.subject for e in entries if e.name == name and e.subject is not None]
+    if fixed:
+        raise CliError(
+            f"{name} {subject!r} has no limit in app {state.app_name!r}; configured: "
+            + ", ".join(f"{name} {s}" for s in fixed)
+        )
+    subjects: dict[str, list[str]] = {}
+    for e in entries:
+        subjects.setdefault(e.name, [])
+        if e.subject is not None:
+            subjects[e.name].append(e.subject)
+    known = ", ".join(
+        f"{n} ({', '.join(subs)})" if subs else n for n, subs in sorted(subjects.items())
+    )
+    raise CliError(
+        f"unknown limit name {name!r}: app {state.app_name!r} configures {known or 'none'}. "
+        "Pass --rules to use a limiter the app does not configure"
+    )
+
+
+# -- what Redis holds -------------------------------------------------------------------------
+
+
+def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState:
+    if entry.config is not None:
+        usage = entry.limiter(state).usage(subject)
+        return SubjectState(subject, entry.config.algorithm, usage, usage.booked)
+    algorithm = entry.algorithms[0] if entry.algorithms else None
+    # the sliding log's view: blocks are shared by every algorithm; its bookings need no rules
+    usage = entry.limiter(state, "sliding_log").usage(subject)
+    booked = usage.booked if algorithm == "sliding_log" else None
+    return SubjectState(subject, algorithm, replace(usage, rules=(), booked=0), booked)
+
+
+def snapshot(
+    state: State,
+    entry: LimitEntry,
+    subjects: Iterable[str] | None = None,
+    max_subjects: int | None = None,
+) -> LimitState:
+    """Usage of a limit's subjects: its own subject, the given ones, or those SCAN finds."""
+    if subjects is None and entry.subject is not None:
+        subjects = [entry.subject]
+    elif subjects is None:
+        subjects = entry.limiter(state).subjects()
+    found = [subject_state(state, entry, s) for s in islice(subjects, MAX_EXAMINED + 1)]
+    capped = len(found) > MAX_EXAMINED
+    found = found[:MAX_EXAMINED]
+    found.sort(key=lambda s: (s.usage.blocked is None, -s.fullness, s.subject))
+    total = len(found)
+    if max_subjects is not None:
+        found = found[:max_subjects]
+    return LimitState(entry, found, total, parked_count(state, entry), capped)
+
+
+def all_limits(state: State, max_subjects: int | None = None) -> tuple[list[LimitState], str]:
+    """Every limit with its subjects, and where they came from ("app" or "redis")."""
+    if state.app is not None:
+        entries = app_limits(state)
+        if entries:
+            return [snapshot(state, e, max_subjects=max_subjects) for e in entries], "app"
+    return [
+        snapshot(state, entry, subjects, max_subjects) for entry, subjects in found_limits(state)
+    ], "redis"
+
+
+# -- parked tasks -----------------------------------------------------------------------------
+
+
+def parking_available() -> bool:
+    try:
+        importlib.import_module("governor.celery.parking")
+    except ImportError:
+        return False
+    return True
+
+
+def parked_count(state: State, entry: LimitEntry) -> int:
+    """Tasks parked in Redis because ``entry`` made them wait (0 without celery installed)."""
+    try:
+        parking = importlib.import_module("governor.celery.parking")
+    except ImportError:
+        return 0
+    return int(parking.parked_count(state.client, state.prefix, entry.label))

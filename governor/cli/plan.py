@@ -1,0 +1,198 @@
+"""``governor plan RULES --jobs N``: when will a batch finish? Offline: never touches Redis.
+
+::
+
+    $ governor plan "1/s, 20/m, 200/h, 800/d" --jobs 10000
+    $ governor plan "5/s, 1000/h" --jobs 20000 --now --json | jq .last_at_iso
+    $ governor plan "10/s" --jobs 50 --start 2025-06-01T09:00 --schedule
+
+Each job starts as early as every rule allows (the sliding log's exact schedule, as
+``Limiter.reserve`` books it when all jobs are queued at once); see :mod:`governor.plan`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ..plan import Plan
+from .common import FloatParam, echo_json, format_duration, format_time
+from .views import console
+
+__all__ = ["plan_command", "runs"]
+
+MAX_ROWS = 24
+
+
+class When(FloatParam):
+    """An ISO 8601 time (naive = local time) or Unix seconds."""
+
+    name = "time"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        text = str(value).strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            self.fail(
+                f"{text!r} is not a time: write ISO 8601 such as 2025-06-01T09:00 (local time) "
+                "or 2025-06-01T09:00+02:00, or Unix seconds",
+                param,
+                ctx,
+            )
+
+
+def clock(unix: float, ms: bool = False) -> str:
+    """Local wall-clock time: ``2025-06-01 09:00:00`` (``.250`` more with ``ms``)."""
+    text = datetime.fromtimestamp(unix).isoformat(sep=" ", timespec="milliseconds")
+    return text if ms else text[:-4]
+
+
+def runs(counts: list[tuple[int, int]], first: int, last: int) -> list[tuple[int, int, int]]:
+    """Periods ``first..last`` merged into runs of equal counts: (from, to_exclusive, count).
+
+    >>> runs([(0, 200), (1, 200), (5, 3)], 0, 6)
+    [(0, 2, 200), (2, 5, 0), (5, 6, 3), (6, 7, 0)]
+    """
+    by = dict(counts)
+    out: list[tuple[int, int, int]] = []
+    for i in range(first, last + 1):
+        n = by.get(i, 0)
+        if out and out[-1][2] == n and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1, n)
+        else:
+            out.append((i, i + 1, n))
+    return out
+
+
+def _table(unit: str, size: int, rows: list[tuple[int, int, int]], absolute: float | None) -> Table:
+    table = Table(box=None, pad_edge=False)
+    table.add_column("from", justify="right")
+    table.add_column("to", justify="right")
+    table.add_column(f"jobs each {unit}", justify="right")
+    table.add_column("jobs so far", justify="right")
+    total = 0
+    for a, b, n in rows[:MAX_ROWS]:
+        total += n * (b - a)
+        if absolute is None:
+            start, end = f"+{a}{unit[0]}", f"+{b}{unit[0]}"
+        else:
+            start, end = clock(absolute + a * size), clock(absolute + b * size)
+        table.add_row(start, end, str(n), str(total))
+    if len(rows) > MAX_ROWS:
+        table.caption = f"... {len(rows) - MAX_ROWS} more rows (--json has them all)"
+        table.caption_justify = "left"
+    return table
+
+
+def _json(p: Plan, absolute: bool, schedule: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "rules": [r.text for r in p.rules],
+        "algorithm": "sliding_log",
+        "jobs": p.jobs,
+        "cost": p.cost,
+        "start": p.start if absolute else None,
+        "start_iso": format_time(p.start) if absolute else None,
+        "first_after": p.first,
+        "last_after": p.last,
+        "last_after_text": format_duration(p.last),
+        "last_at": p.start + p.last if absolute else None,
+        "last_at_iso": format_time(p.start + p.last) if absolute else None,
+        "tightest_rule": p.tightest.text,
+        "jobs_per_day_long_run": p.per_day,
+        "per_hour": [{"hour": h, "jobs": n} for h, n in p.counts(3600)],
+        "per_day": [{"day": d, "jobs": n} for d, n in p.counts(86400)],
+    }
+    if schedule:
+        data["starts_after"] = [t - p.start for t in p.starts]
+    return data
+
+
+@click.command("plan")
+@click.argument("rules")
+@click.option("--jobs", type=click.IntRange(min=1), required=True, help="How many jobs.")
+@click.option(
+    "--cost", type=click.IntRange(min=1), default=1, show_default=True, help="Units each job costs."
+)
+@click.option("--start", "start", type=When(), help="When the batch is queued (ISO 8601).")
+@click.option("--now", is_flag=True, help="The batch is queued now (print clock times).")
+@click.option("--schedule", is_flag=True, help="Also list every job's start.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def plan_command(
+    rules: str,
+    jobs: int,
+    cost: int,
+    start: float | None,
+    now: bool,
+    schedule: bool,
+    as_json: bool,
+) -> None:
+    """When a batch can run under RULES (offline, no Redis).
+
+    RULES as configured, e.g. "1/s, 20/m, 200/h, 800/d".
+
+    Assumes the jobs are queued at once on an empty limit and start as early as every rule
+    allows. Times are offsets from the start unless --start or --now gives a clock time.
+    """
+    if start is not None and now:
+        raise click.UsageError("give --start or --now, not both")
+    absolute = start is not None or now
+    # "now" on the millisecond grid the limiter stamps on, so offsets come out round
+    begin = math.ceil(time.time() * 1000) / 1000 if now else (start or 0.0)
+    p = Plan.build(rules, jobs, start=begin, cost=cost)
+    if as_json:
+        echo_json(_json(p, absolute, schedule))
+        return
+    out = console()
+    each = "" if cost == 1 else f", {cost} units each"
+    out.print(
+        f"{jobs} jobs under {', '.join(r.text for r in p.rules)} "
+        f"(sliding log{each}), planned without Redis.\n"
+    )
+    if absolute:
+        out.print(f"first job  starts at {format_time(p.start + p.first)} (local time below)")
+        out.print(
+            f"last job   can start at {format_time(p.start + p.last)}, "
+            f"after {format_duration(p.last)}"
+        )
+    else:
+        out.print(f"first job  starts at +{format_duration(p.first)}")
+        days = f" ({p.last / 86400:.2f} days)" if p.last >= 86400 else ""
+        out.print(f"last job   can start after {format_duration(p.last)}{days}")
+    quota = jobs / p.per_day
+    took = f"{quota:.3g} days" if quota >= 1 else format_duration(quota * 86400)
+    out.print(
+        f"long run   at most {p.per_day:g} jobs a day (rule {p.tightest.text}): "
+        f"{jobs} jobs = {took} of quota"
+    )
+    origin = p.start if absolute else None
+    # the periods worth a table: minutes for a batch within the hour, else hours and days
+    periods: list[tuple[str, int, int | None]] = (
+        [("minute", 60, 59)] if p.last < 3600 else [("hour", 3600, 23)]
+    )
+    if p.last >= 86400:
+        periods.append(("day", 86400, None))
+    for unit, size, cap in periods:
+        counts = p.counts(size)
+        last = counts[-1][0] if cap is None else min(cap, counts[-1][0])
+        first = {"minute": " (first hour)", "hour": " (first day)"}.get(unit, "")
+        out.print(f"\njobs per {unit}{first}")
+        out.print(_table(unit, size, runs(counts, 0, last), origin))
+    if schedule:
+        out.print()
+        for i, t in enumerate(p.starts, 1):
+            when = clock(t, ms=True) if absolute else f"+{format_duration(t - p.start)}"
+            out.print(f"job {i}: {when}")

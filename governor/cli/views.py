@@ -1,0 +1,163 @@
+"""Rendering shared by status, inspect and top: usage bars, per-limit tables, JSON shapes.
+
+>>> console().print(bar(6, 10))      # 7 of 12 cells: green; yellow from 80 %; red when full
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..decision import Usage
+from .common import format_duration, json_number
+from .limits import LimitEntry, LimitState, SubjectState
+
+__all__ = [
+    "bar",
+    "console",
+    "limit_json",
+    "limit_table",
+    "limit_title",
+    "state_text",
+    "subject_json",
+]
+
+BAR_WIDTH = 12
+
+
+def console() -> Console:
+    """A console on the current stdout (click's test runner swaps it), without auto-highlight."""
+    return Console(highlight=False)
+
+
+def bar(used: int, limit: int, width: int = BAR_WIDTH) -> Text:
+    """``used`` of ``limit`` as a bar of ``width`` cells."""
+    ratio = 0.0 if limit <= 0 else min(1.0, used / limit)
+    filled = round(ratio * width)
+    if used > 0 and filled == 0:
+        filled = 1
+    style = "red" if used >= limit else "yellow" if ratio >= 0.8 else "green"
+    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"))
+
+
+def limit_title(entry: LimitEntry) -> Text:
+    """``queue:emails  10/s, 800/d  sliding_log`` and, for per-key limits, the tasks."""
+    if entry.config is None:
+        algos = ", ".join(entry.algorithms) or "blocks only"
+        return Text.assemble((entry.name, "bold"), (f"  rules unknown ({algos})", "dim"))
+    text = Text.assemble(
+        (entry.label, "bold"), f"  {entry.config.text}", (f"  {entry.config.algorithm}", "dim")
+    )
+    if entry.kind == "key":
+        tasks = "" if entry.tasks == (entry.name,) else f"; tasks {', '.join(entry.tasks)}"
+        text.append(f"  per key{tasks}", "dim")
+    return text
+
+
+def state_text(s: SubjectState) -> Text:
+    """``ok``, ``full: next in 0.40s``, ``BLOCKED 1h 59m: reason``, plus bookings."""
+    u = s.usage
+    parts: list[tuple[str, str]] = []
+    if u.blocked is not None:
+        reason = f": {u.blocked}" if u.blocked else ""
+        parts.append((f"BLOCKED {format_duration(u.blocked_for)}{reason}", "bold red"))
+    elif u.rules:
+        wait = max(r.retry_after for r in u.rules)
+        if wait <= 0:
+            parts.append(("ok", "green"))
+        else:
+            parts.append((f"full: next in {format_duration(wait)}", "red"))
+    else:
+        parts.append(("not blocked", "dim"))
+    if s.booked:
+        parts.append((f"{s.booked} booked", "cyan"))
+    text = Text()
+    for i, (part, style) in enumerate(parts):
+        if i:
+            text.append(", ")
+        text.append(part, style)
+    return text
+
+
+def limit_table(ls: LimitState) -> Table:
+    """One limit: a row per subject and rule (bars), or per subject when the rules are unknown."""
+    table = Table(box=None, pad_edge=False)
+    table.add_column("subject", overflow="fold")
+    if ls.entry.config is None:
+        table.add_column("state")
+        for s in ls.subjects:
+            table.add_row(s.subject, state_text(s))
+        return table
+    for name in ("rule", "usage", "used", "resets in", "state"):
+        table.add_column(name, justify="right" if name in ("used", "resets in") else "left")
+    for s in ls.subjects:
+        for i, r in enumerate(s.usage.rules):
+            table.add_row(
+                s.subject if i == 0 else "",
+                r.rule.text,
+                bar(r.used, r.limit),
+                f"{r.used}/{r.limit}",
+                format_duration(r.reset_after),
+                state_text(s) if i == 0 else "",
+            )
+    return table
+
+
+def limits_view(states: list[LimitState], *, parked: bool = False) -> Group:
+    """Every limit: its title, its table, what was left out; a blank line between limits."""
+    parts: list[RenderableType] = []
+    for ls in states:
+        parts.append(limit_title(ls.entry))
+        if ls.subjects:
+            parts.append(limit_table(ls))
+        else:
+            parts.append(Text("nothing counted in Redis", style="dim"))
+        if ls.total > len(ls.subjects):
+            more = f"{ls.total - len(ls.subjects)}{'+' if ls.capped else ''}"
+            parts.append(Text(f"... {more} more subjects (--subjects to see them)", "dim"))
+        if parked:
+            parts.append(Text(f"{ls.parked} parked tasks", "dim"))
+        parts.append(Text(""))
+    return Group(*parts)
+
+
+def usage_json(u: Usage) -> list[dict[str, Any]]:
+    return [
+        {
+            "rule": r.rule.text,
+            "limit": r.limit,
+            "used": r.used,
+            "remaining": r.remaining,
+            "next_free_in": json_number(r.retry_after),
+            "fully_free_in": json_number(r.reset_after),
+        }
+        for r in u.rules
+    ]
+
+
+def subject_json(s: SubjectState) -> dict[str, Any]:
+    u = s.usage
+    return {
+        "subject": s.subject,
+        "algorithm": s.algorithm,
+        "rules": usage_json(u),
+        "admits_now": s.admits,
+        "blocked": u.blocked is not None,
+        "block_reason": u.blocked,
+        "blocked_for": json_number(u.blocked_for),
+        "booked": s.booked,
+        "now": u.now,
+    }
+
+
+def limit_json(ls: LimitState) -> dict[str, Any]:
+    return {
+        **ls.entry.describe(),
+        "subject_count": ls.total,
+        "subject_count_capped": ls.capped,
+        "parked": ls.parked,
+        "subjects": [subject_json(s) for s in ls.subjects],
+    }

@@ -1,0 +1,107 @@
+"""What a limiter answers: :class:`Decision` for one request, :class:`Usage` for a subject."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .rules import Rule
+
+__all__ = ["Decision", "RuleUsage", "Slot", "Usage"]
+
+_US = 1_000_000
+
+
+def seconds(us: int) -> float:
+    """Microseconds from a script to seconds; -1 means never."""
+    return math.inf if us < 0 else us / _US
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """The moment an admission counts at, or the window a booking may start in.
+
+    For a booking, the holder may start at any moment in ``[start, end]`` (``end - start`` is the
+    late tolerance). Both are Unix microseconds on the limiter's clock. Pass a slot back to
+    :meth:`~governor.Limiter.claim` or :meth:`~governor.Limiter.refund`.
+    """
+
+    start_us: int
+    end_us: int
+
+    @property
+    def start(self) -> float:
+        return self.start_us / _US
+
+    @property
+    def end(self) -> float:
+        return self.end_us / _US
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to one acquire/peek/reserve/claim.
+
+    ``allowed`` means "go now". A denied reservation that holds a slot has ``slot`` set and
+    ``retry_after`` is the wait until the slot opens.
+    """
+
+    allowed: bool
+    retry_after: float
+    """Seconds until every rule admits the request: 0.0 when allowed, ``math.inf`` if never."""
+    remaining: int
+    """How many more units would be admitted right now (the smallest over the rules)."""
+    reset_after: float
+    """Seconds until the subject is fully replenished."""
+    rule: Rule | None
+    """The rule that denied (the one with the longest wait), or None."""
+    blocked: str | None
+    """The reason of the manual block that denied, or None."""
+    now: float
+    """The clock (Unix seconds) the decision was taken at: Redis TIME unless ``now`` was given."""
+    slot: Slot | None = None
+    """The admission or booking this decision holds, for claim and refund."""
+    cost: int = 1
+    """The units asked for (a refund gives back as many)."""
+
+    @property
+    def booked(self) -> bool:
+        """True when the request was not admitted now but holds a future slot."""
+        return not self.allowed and self.slot is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleUsage:
+    """One rule's view of a subject."""
+
+    rule: Rule
+    used: int
+    """Units counted in the window now (bookings included)."""
+    retry_after: float
+    """Seconds until this rule admits one more unit."""
+    reset_after: float
+    """Seconds until this rule counts nothing."""
+
+    @property
+    def limit(self) -> int:
+        return self.rule.limit
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.rule.limit - self.used)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Everything a limiter knows about one subject."""
+
+    name: str
+    subject: str
+    now: float
+    rules: tuple[RuleUsage, ...]
+    blocked: str | None
+    """The active manual block's reason ("" if none was given), or None when not blocked."""
+    blocked_for: float
+    """Seconds the manual block still lasts (0.0 when not blocked)."""
+    booked: int = 0
+    """Bookings held for the future (sliding_log, gcra), counted in units of cost."""

@@ -1,0 +1,165 @@
+"""The Redis limiter (blocking redis-py client). See :mod:`governor.aio` for asyncio."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from .core import Call, LimiterBase
+from .decision import Decision, Slot, Usage
+from .keys import Subject, parse_key
+from .scripts import LuaScript
+
+__all__ = ["Limiter"]
+
+
+class Limiter(LimiterBase):
+    """Several rules over one subject space, decided atomically in Redis.
+
+    >>> import redis
+    >>> partner_api = Limiter(redis.Redis(), "1/s, 20/m, 200/h, 800/d", name="partner-api")
+    >>> d = partner_api.acquire("customer-42")          # one EVALSHA checks all four rules
+    >>> if not d.allowed:
+    ...     print(f"denied by {d.rule}, retry in {d.retry_after:.3f}s")
+
+    ``client`` is any redis-py client (``Redis``, ``RedisCluster``, a Sentinel master). Every
+    call takes one round trip. ``now`` (Unix seconds) replaces Redis ``TIME`` for tests and replay.
+    """
+
+    def _eval(self, script: LuaScript, call: Call) -> Any:
+        keys, args = call
+        try:
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return self.client.eval(script.text, len(keys), *keys, *args)
+        except (RedisError, RedisClusterException) as exc:
+            raise self._error(exc, keys) from exc
+
+    def acquire(self, subject: Subject, cost: int = 1, *, now: float | None = None) -> Decision:
+        """Admit ``cost`` units for ``subject`` if every rule allows it, counting them."""
+        return self._decision(
+            self._eval(self._script, self._call("acquire", subject, cost, now)), cost
+        )
+
+    def peek(self, subject: Subject, cost: int = 1, *, now: float | None = None) -> Decision:
+        """The answer :meth:`acquire` would give now, without counting anything."""
+        return self._decision(
+            self._eval(self._script, self._call("peek", subject, cost, now)), cost
+        )
+
+    def reserve(
+        self,
+        subject: Subject,
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        not_before: float | None = None,
+        max_wait: float | None = None,
+        tolerance: float = 0.0,
+    ) -> Decision:
+        """Admit now, or book the earliest moment every rule admits (first come, first served).
+
+        A booking is counted by every rule at once, so later callers queue behind it. It is
+        returned as ``decision.slot``: the holder may start at any moment in
+        ``[slot.start, slot.end]`` where ``slot.end = slot.start + tolerance``, and proves it
+        with :meth:`claim`. No booking is made when the wait would exceed ``max_wait`` seconds.
+        ``not_before`` (Unix seconds) books no earlier than that moment. Algorithms that cannot
+        book (token_bucket, fixed_window, sliding_window) act as :meth:`acquire`.
+        """
+        call = self._call(
+            "reserve",
+            subject,
+            cost,
+            now,
+            not_before=not_before,
+            max_wait=max_wait,
+            tolerance=tolerance,
+        )
+        return self._decision(self._eval(self._script, call), cost)
+
+    def claim(
+        self,
+        subject: Subject,
+        slot: Slot,
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        max_wait: float | None = None,
+        tolerance: float | None = None,
+    ) -> Decision:
+        """Start on a booked slot.
+
+        On time (``slot.start <= now <= slot.end``): allowed, nothing more is counted. Early:
+        denied with the wait until ``slot.start`` and the booking kept. Late: the call acts as
+        :meth:`reserve` (admitted now if the rules allow, else a new booking behind the queue),
+        so late starters never burst with punctual ones; the missed slot stays spent (a duplicate
+        delivery could hold the same booking after it was used).
+        ``tolerance`` for a new booking defaults to the slot's own.
+        """
+        tol = (slot.end_us - slot.start_us) / 1e6 if tolerance is None else tolerance
+        call = self._call("claim", subject, cost, now, max_wait=max_wait, tolerance=tol, slot=slot)
+        return self._decision(self._eval(self._script, call), cost)
+
+    def refund(
+        self,
+        subject: Subject,
+        decision: Decision | Slot,
+        cost: int | None = None,
+        *,
+        now: float | None = None,
+    ) -> None:
+        """Give back what an admitted or booked decision counted (e.g. another limit denied).
+
+        Refund a decision at most once. The sliding log removes exactly that admission or
+        booking; gcra gives back only the newest one (otherwise the capacity stays spent);
+        token_bucket only within the shortest window; a peek holds nothing to refund.
+        """
+        slot = decision.slot if isinstance(decision, Decision) else decision
+        if cost is None:
+            cost = decision.cost if isinstance(decision, Decision) else 1
+        if slot is not None:
+            self._eval(self._script, self._call("refund", subject, cost, now, slot=slot))
+
+    def usage(self, subject: Subject, *, now: float | None = None) -> Usage:
+        """Per rule: units used, limit, seconds until one more fits and until it is all free."""
+        return self._usage(subject, self._eval(self._script, self._call("usage", subject, 1, now)))
+
+    def reset(self, subject: Subject) -> None:
+        """Forget everything counted for ``subject`` (a manual block stays)."""
+        keys = self.keys(subject)
+        try:
+            self.client.delete(keys[0])
+        except (RedisError, RedisClusterException) as exc:
+            raise self._error(exc, keys) from exc
+
+    def block(
+        self, subject: Subject, seconds: float, reason: str = "", *, now: float | None = None
+    ) -> float:
+        """Deny ``subject`` for ``seconds`` (replacing any block); returns when it ends."""
+        call = self._block_call(subject, seconds, reason, now)
+        until, _ = self._eval(self._block, call)
+        return float(until) / 1e6
+
+    def unblock(self, subject: Subject) -> bool:
+        """Lift a manual block; True if there was one."""
+        keys = self.keys(subject)
+        try:
+            return bool(self.client.delete(keys[1]))
+        except (RedisError, RedisClusterException) as exc:
+            raise self._error(exc, keys) from exc
+
+    def subjects(self, count: int = 1000) -> Iterator[str]:
+        """Subjects with state or a block in Redis (SCAN, never KEYS; may repeat on rehash)."""
+        seen: set[str] = set()
+        try:
+            for raw in self.client.scan_iter(match=self._pattern(), count=count):
+                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+                parts = parse_key(key, self.prefix)
+                if parts and parts[0] == self.name and parts[1] not in seen:
+                    seen.add(parts[1])
+                    yield parts[1]
+        except (RedisError, RedisClusterException) as exc:
+            raise self._error(exc, [self._pattern()]) from exc

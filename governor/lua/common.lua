@@ -1,0 +1,113 @@
+-- common.lua: the prelude governor puts in front of every algorithm script (see governor/scripts.py).
+--
+-- KEYS[1]  the subject's state (the algorithm's own key)
+-- KEYS[2]  the subject's manual block: a string "<until_us>:<reason>"
+-- ARGV[1]  the rules, packed once per limiter: little-endian doubles limit_1, window_us_1, ...,
+--          limit_n, window_us_n, then the algorithm's extras (sliding_window: precision)
+-- ARGV[2]  op: acquire | peek | reserve | claim | refund | usage
+-- ARGV[3]  now in microseconds since the Unix epoch, or '' to read Redis TIME
+-- ARGV[4]  cost (positive integer)
+-- reserve: ARGV[5] not_before_us (0 = now), ARGV[6] max_wait_us (-1 = no limit),
+--          ARGV[7] tolerance_us (how late a booked task may start)
+-- claim:   ARGV[5] slot_start_us, ARGV[6] slot_end_us, ARGV[7] max_wait_us, ARGV[8] tolerance_us
+-- refund:  ARGV[5] slot_start_us, ARGV[6] slot_end_us
+--
+-- Decision reply (acquire, peek, reserve, claim), one string of space-separated fields:
+--   "allowed(0|1) retry_after_us(-1 = never) rule(1-based; 0 none; -1 manual block) remaining
+--    reset_after_us now_us slot_start_us slot_end_us block_reason" (the reason last: it may hold
+--   spaces). One bulk reply parses much faster in clients than a nine-element array.
+-- Usage reply: {now_us, block_until_us (0 = none), block_reason, booked (future bookings held),
+--   then per rule: used, retry_us, reset_us}. Refund reply: 1.
+local op = ARGV[2]
+local now = tonumber(ARGV[3])
+-- With a caller's clock, Redis expiry (which runs on real time) cannot follow it: keys then live
+-- a minute longer than computed, so a slow test never sees state vanish early.
+local ttl_pad = now and 60000 or 0
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = tonumber(ARGV[4])
+local not_before, max_wait, tol, slot_start, slot_end = 0, -1, 0, 0, 0
+if op == 'reserve' then
+  not_before, max_wait, tol = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+elseif op == 'claim' then
+  slot_start, slot_end = tonumber(ARGV[5]), tonumber(ARGV[6])
+  max_wait, tol = tonumber(ARGV[7]), tonumber(ARGV[8])
+elseif op == 'refund' then
+  slot_start, slot_end = tonumber(ARGV[5]), tonumber(ARGV[6])
+end
+local packed = {struct.unpack('<' .. string.rep('d', #ARGV[1] / 8), ARGV[1])}
+local lim, win = {}, {}
+local n = math.floor(#ARGV[1] / 16)
+local maxlim, maxwin = 0, 0
+for i = 1, n do
+  lim[i], win[i] = packed[2 * i - 1], packed[2 * i]
+  if lim[i] > maxlim then maxlim = lim[i] end
+  if win[i] > maxwin then maxwin = win[i] end
+end
+local extra = packed[2 * n + 1]
+
+-- Integers as exact decimal text (tostring would round above 14 digits).
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- PEXPIRE argument for a duration in microseconds: rounded up, at least 1 ms.
+local function ttl_ms(us)
+  local ms = math.ceil(us / 1000)
+  if ms < 1 then ms = 1 end
+  return ms + ttl_pad
+end
+
+local function corrupt(what)
+  return error('governor: corrupt ' .. what .. ' at ' .. KEYS[1])
+end
+
+-- The active manual block: until_us, reason; or nil.
+local function read_block()
+  local v = redis.call('GET', KEYS[2])
+  if not v then return nil end
+  local sep = string.find(v, ':', 1, true)
+  local untl = sep and tonumber(string.sub(v, 1, sep - 1))
+  if not untl then return error('governor: corrupt block at ' .. KEYS[2]) end
+  if untl <= now then return nil end
+  return untl, string.sub(v, sep + 1)
+end
+
+local function decision(allowed, retry, rule, remaining, reset, start, stop, reason)
+  -- the reason is appended, not formatted: %s would stop at a NUL byte
+  return string.format('%d %d %d %d %d %d %d %d ', allowed, retry, rule, remaining, reset, now,
+    start, stop) .. reason
+end
+
+local function blocked_reply(untl, reason)
+  return decision(0, untl - now, -1, 0, untl - now, 0, 0, reason)
+end
+
+local function usage_reply(per_rule, booked)
+  local untl, reason = read_block()
+  local out = {now, untl or 0, reason or '', booked or 0}
+  for i = 1, #per_rule do out[#out + 1] = per_rule[i] end
+  return out
+end
+
+-- The first rule whose limit is below cost (such a request can never pass), or nil.
+local function never_rule()
+  for i = 1, n do
+    if cost > lim[i] then return i end
+  end
+  return nil
+end
+
+-- Numbers packed as little-endian doubles (the state of gcra, token_bucket, fixed_window).
+local function unpack_numbers(raw, count)
+  if #raw ~= 8 * count then return nil end
+  local out = {struct.unpack('<' .. string.rep('d', count), raw)}
+  out[count + 1] = nil
+  return out
+end
+
+local function pack_numbers(values)
+  return struct.pack('<' .. string.rep('d', #values), unpack(values))
+end

@@ -1,0 +1,91 @@
+-- fixed_window.lua: a counter per rule for the current window, windows aligned to the Unix epoch
+-- (a "/d" rule resets at 00:00 UTC). Up to 2 x limit can pass around a window boundary.
+--
+-- KEYS[1]  STRING of packed little-endian doubles window_1, count_1, ..., window_n, count_n,
+--          window = floor(us / window_us). A different number of rules than stored starts afresh.
+-- KEYS[2]  manual block (see common.lua)
+-- ARGV     see common.lua; no extras. Bookings are not supported: reserve and claim act as acquire.
+-- Returns  see common.lua.
+local key = KEYS[1]
+local raw = redis.call('GET', key)
+local st = nil
+if raw then st = unpack_numbers(raw, 2 * n) end
+local idx, cnt = {}, {}
+for i = 1, n do
+  idx[i], cnt[i] = math.floor(now / win[i]), 0
+  -- a stored window at or after ours (the clock may step back) still counts
+  if st and st[2 * i - 1] >= idx[i] then idx[i], cnt[i] = st[2 * i - 1], st[2 * i] end
+end
+
+local function window_end(i)
+  return (idx[i] + 1) * win[i] - now
+end
+
+local function remaining()
+  local best = nil
+  for i = 1, n do
+    local r = math.max(0, lim[i] - cnt[i])
+    if best == nil or r < best then best = r end
+  end
+  return best
+end
+
+local function reset_after()
+  local m = 0
+  for i = 1, n do
+    if cnt[i] > 0 and window_end(i) > m then m = window_end(i) end
+  end
+  return m
+end
+
+local function store()
+  local parts = {}
+  for i = 1, n do
+    parts[2 * i - 1] = idx[i]
+    parts[2 * i] = cnt[i]
+  end
+  local live = reset_after()
+  if live <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, pack_numbers(parts), 'PX', ttl_ms(live))
+  end
+end
+
+if op == 'usage' then
+  local per = {}
+  for i = 1, n do
+    per[#per + 1] = cnt[i]
+    per[#per + 1] = cnt[i] >= lim[i] and window_end(i) or 0
+    per[#per + 1] = cnt[i] > 0 and window_end(i) or 0
+  end
+  return usage_reply(per)
+end
+
+if op == 'refund' then
+  if st then
+    for i = 1, n do
+      if idx[i] == math.floor(slot_start / win[i]) then cnt[i] = math.max(0, cnt[i] - cost) end
+    end
+    store()
+  end
+  return 1
+end
+
+local untl, reason = read_block()
+if untl then return blocked_reply(untl, reason) end
+
+local never = never_rule()
+if never then return decision(0, -1, never, remaining(), reset_after(), 0, 0, '') end
+
+local wait, rule = 0, 0
+for i = 1, n do
+  if cnt[i] + cost > lim[i] and window_end(i) > wait then wait, rule = window_end(i), i end
+end
+if wait > 0 then
+  return decision(0, wait, rule, remaining(), reset_after(), 0, 0, '')
+end
+for i = 1, n do cnt[i] = cnt[i] + cost end
+if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
+store()
+return decision(1, 0, 0, remaining(), reset_after(), now, now, '')

@@ -1,0 +1,131 @@
+-- gcra.lua: generic cell rate algorithm (leaky bucket as a meter), several rules at once.
+--
+-- Rule i lets limit_i through at once and then one every T_i = ceil(window_i / limit_i) us.
+-- KEYS[1]  STRING: each rule's theoretical arrival time in us; one rule: the number as text,
+--          several: packed little-endian doubles. A different number of rules starts afresh.
+-- KEYS[2]  manual block (see common.lua)
+-- ARGV     see common.lua; no extras.
+-- Returns  see common.lua.
+local key = KEYS[1]
+local T, B, tat = {}, {}, {}
+local raw = redis.call('GET', key)
+if raw then
+  if n == 1 then tat = {tonumber(raw)} else tat = unpack_numbers(raw, n) or {} end
+end
+for i = 1, n do
+  T[i] = math.ceil(win[i] / lim[i])
+  B[i] = T[i] * lim[i]
+  tat[i] = tat[i] or 0
+end
+
+-- Earliest moment >= t0 at which every rule admits cost, and the rule that set it.
+local function earliest(t0)
+  local at, rule = t0, 0
+  for i = 1, n do
+    local x = tat[i] + cost * T[i] - B[i]
+    if x > at then at, rule = x, i end
+  end
+  return at, rule
+end
+
+local function remaining(t)
+  local best = nil
+  for i = 1, n do
+    local r = math.floor((t + B[i] - math.max(tat[i], t)) / T[i])
+    if r > lim[i] then r = lim[i] end
+    if r < 0 then r = 0 end
+    if best == nil or r < best then best = r end
+  end
+  return best
+end
+
+local function reset_after()
+  local m = now
+  for i = 1, n do
+    if tat[i] > m then m = tat[i] end
+  end
+  return m - now
+end
+
+-- Write the state back; a subject that is fully replenished needs no key.
+local function store()
+  local last = now
+  for i = 1, n do
+    if tat[i] > last then last = tat[i] end
+  end
+  if last <= now then
+    redis.call('DEL', key)
+  elseif n == 1 then
+    redis.call('SET', key, fmt(tat[1]), 'PX', ttl_ms(last - now))
+  else
+    redis.call('SET', key, pack_numbers(tat), 'PX', ttl_ms(last - now))
+  end
+end
+
+-- Count cost at moment eff for every rule.
+local function advance(eff)
+  for i = 1, n do tat[i] = math.max(tat[i], eff) + cost * T[i] end
+end
+
+if op == 'usage' then
+  local per = {}
+  for i = 1, n do
+    local backlog = math.max(0, tat[i] - now)
+    per[#per + 1] = math.min(lim[i], math.ceil(backlog / T[i]))
+    per[#per + 1] = math.max(0, tat[i] + T[i] - B[i] - now)
+    per[#per + 1] = backlog
+  end
+  -- bookings: emissions scheduled beyond what a full burst allows now
+  local booked = 0
+  for i = 1, n do
+    booked = math.max(booked, math.ceil((tat[i] - now - B[i]) / T[i]))
+  end
+  return usage_reply(per, booked)
+end
+
+if op == 'refund' then
+  -- Only the newest admission or booking can be taken back: its emission is the last one in
+  -- every rule. An older one would open a gap that later bookings already rely on.
+  if raw and tat[1] == math.max(slot_end, 0) + cost * T[1] then
+    for i = 1, n do tat[i] = tat[i] - cost * T[i] end
+    store()
+  end
+  return 1
+end
+
+local untl, reason = read_block()
+if untl then return blocked_reply(untl, reason) end
+
+local never = never_rule()
+if never then return decision(0, -1, never, remaining(now), reset_after(), 0, 0, '') end
+
+if op == 'claim' then
+  if now < slot_start then
+    return decision(0, slot_start - now, 0, remaining(now), reset_after(), slot_start, slot_end, '')
+  end
+  if now <= slot_end then
+    return decision(1, 0, 0, remaining(now), reset_after(), slot_start, slot_end, '')
+  end
+  op = 'reserve'  -- late: ask again as a new arrival (the missed slot stays spent)
+end
+
+local at, rule = earliest(now)
+if at <= now and (op ~= 'reserve' or not_before <= now) then
+  local before = tat[1]
+  advance(now)
+  if op == 'peek' then return decision(1, 0, 0, remaining(now), reset_after(), 0, 0, '') end
+  store()
+  -- the slot's end is where this admission sits in rule 1's schedule (for refunds)
+  return decision(1, 0, 0, remaining(now), reset_after(), now, math.max(before, now), '')
+end
+if op ~= 'reserve' then
+  return decision(0, at - now, rule, remaining(now), reset_after(), 0, 0, '')
+end
+
+local slot = earliest(math.max(now, not_before))
+if max_wait >= 0 and slot - now > max_wait then
+  return decision(0, slot - now, rule, remaining(now), reset_after(), 0, 0, '')
+end
+advance(slot + tol)
+store()
+return decision(0, slot - now, rule, remaining(now), reset_after(), slot, slot + tol, '')

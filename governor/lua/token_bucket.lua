@@ -1,0 +1,102 @@
+-- token_bucket.lua: a bucket of limit_i tokens per rule, refilled evenly over window_i.
+--
+-- Levels are kept in token-microseconds (tokens x window_us), so the refill of limit_i per us is
+-- an exact integer and no fraction of a token is ever lost.
+-- KEYS[1]  STRING of packed little-endian doubles level_1, seen_1, ..., level_n, seen_n: each
+--          rule's level and the moment (us) it was measured. A missing key is a full bucket; a
+--          different number of rules than stored starts full.
+-- KEYS[2]  manual block (see common.lua)
+-- ARGV     see common.lua; no extras. Bookings are not supported: reserve and claim act as acquire.
+-- Returns  see common.lua.
+local key = KEYS[1]
+local raw = redis.call('GET', key)
+local st = nil
+if raw then st = unpack_numbers(raw, 2 * n) end
+local level, seen, cap = {}, {}, {}
+for i = 1, n do
+  cap[i] = lim[i] * win[i]
+  level[i], seen[i] = cap[i], now
+  if st then
+    local lv, at = st[2 * i - 1], st[2 * i]
+    if now > at then
+      if now - at >= win[i] then lv = cap[i] else lv = math.min(cap[i], lv + (now - at) * lim[i]) end
+      at = now
+    end
+    level[i], seen[i] = lv, at
+  end
+end
+
+local function remaining()
+  local best = nil
+  for i = 1, n do
+    local r = math.floor(level[i] / win[i])
+    if best == nil or r < best then best = r end
+  end
+  return best
+end
+
+local function reset_after()
+  local m = 0
+  for i = 1, n do
+    local w = math.ceil((cap[i] - level[i]) / lim[i])
+    if w > m then m = w end
+  end
+  return m
+end
+
+local function store()
+  local parts = {}
+  for i = 1, n do
+    parts[2 * i - 1] = level[i]
+    parts[2 * i] = seen[i]
+  end
+  local full = reset_after()
+  if full <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, pack_numbers(parts), 'PX', ttl_ms(full))
+  end
+end
+
+if op == 'usage' then
+  local per = {}
+  for i = 1, n do
+    per[#per + 1] = math.ceil((cap[i] - level[i]) / win[i])
+    per[#per + 1] = level[i] >= win[i] and 0 or math.ceil((win[i] - level[i]) / lim[i])
+    per[#per + 1] = math.ceil((cap[i] - level[i]) / lim[i])
+  end
+  return usage_reply(per)
+end
+
+if op == 'refund' then
+  local shortest = win[1]
+  for i = 2, n do shortest = math.min(shortest, win[i]) end
+  -- an older admission's tokens have come back by refill already
+  if raw and now - slot_start < shortest then
+    for i = 1, n do level[i] = math.min(cap[i], level[i] + cost * win[i]) end
+    store()
+  end
+  return 1
+end
+
+local untl, reason = read_block()
+if untl then return blocked_reply(untl, reason) end
+
+local never = never_rule()
+if never then return decision(0, -1, never, remaining(), reset_after(), 0, 0, '') end
+
+local wait, rule = 0, 0
+for i = 1, n do
+  local short = cost * win[i] - level[i]
+  if short > 0 then
+    local w = math.ceil(short / lim[i])
+    if w > wait then wait, rule = w, i end
+  end
+end
+if wait > 0 then
+  return decision(0, wait, rule, remaining(), reset_after(), 0, 0, '')
+end
+for i = 1, n do level[i] = level[i] - cost * win[i] end
+if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
+store()
+return decision(1, 0, 0, remaining(), reset_after(), now, now, '')

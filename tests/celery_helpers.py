@@ -1,0 +1,75 @@
+"""Helpers for tests that run real Celery workers against the suite's Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from governor.plan import most_in_window
+
+__all__ = ["Recorder", "most_in_window", "new_app", "worker"]
+
+
+def new_app(redis_url: str, queue: str, **conf: Any) -> Celery:
+    """A fresh app: broker on db 1, governor state on db 2, no result backend."""
+    base = redis_url.rsplit("/", 1)[0]
+    app = Celery(f"test-{uuid.uuid4().hex[:8]}", broker=f"{base}/1")
+    app.conf.update(
+        {
+            "task_default_queue": queue,
+            "governor_redis_url": f"{base}/2",
+            "governor_prefix": f"gt{uuid.uuid4().hex[:8]}",
+            "task_ignore_result": True,
+            "broker_connection_retry_on_startup": True,
+            "worker_hijack_root_logger": False,
+            **conf,
+        }
+    )
+    return app
+
+
+class Recorder:
+    """Tasks append what they saw to a Redis list; the test reads it back."""
+
+    def __init__(self, redis_url: str) -> None:
+        base = redis_url.rsplit("/", 1)[0]
+        self.client = redis.Redis.from_url(f"{base}/3")
+        self.key = f"record:{uuid.uuid4().hex}"
+
+    def add(self, **fields: Any) -> None:
+        self.client.rpush(self.key, json.dumps({"t": time.time(), **fields}, default=str))
+
+    def all(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in self.client.lrange(self.key, 0, -1)]
+
+    def wait(self, count: int, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.client.llen(self.key) >= count:
+                return self.all()
+            time.sleep(0.05)
+        return self.all()
+
+
+@contextmanager
+def worker(
+    app: Celery, queues: list[str], concurrency: int = 4, pool: str = "threads"
+) -> Iterator[None]:
+    with start_worker(
+        app,
+        pool=pool,
+        concurrency=concurrency,
+        perform_ping_check=False,
+        queues=queues,
+        loglevel="WARNING",
+        shutdown_timeout=10,
+    ):
+        yield

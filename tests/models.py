@@ -1,0 +1,552 @@
+"""Small pure-Python reference models of the limiter algorithms.
+
+Each model states what an algorithm means as plainly as possible (counting timestamps rather
+than indexing a trimmed log, exact fractions rather than scaled integers) and is compared with
+the Lua scripts decision by decision in test_properties.py. Times are integer microseconds.
+
+A decision is (allowed, retry_us, rule, remaining, reset_us, slot_start_us, slot_end_us) with
+retry_us == -1 for "never", rule 1-based (0 = none), slot (0, 0) when none.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+Decision = tuple[bool, int, int, int, int, int, int]
+Rules = list[tuple[int, int]]  # (limit, window_us)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class SlidingLog:
+    """At most N in any window: the admission stamps (ms, rounded up), sorted newest first.
+
+    A moment x can take `cost` more when, for every rule, the stamps in
+    (x - W, x + W + tolerance + maxtol) leave room for it (maxtol: the largest tolerance a
+    booking used). Bookings are stamped at slot + tolerance. Only the largest limit's worth of
+    stamps is kept; the newest one dropped is remembered as a floor, and missing stamps count as
+    stamped at the floor.
+    """
+
+    books = True
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.keep = max(n for n, _ in rules)
+        self.stamps: list[int] = []  # absolute ms, newest first
+        self.floor: int | None = None
+        self.maxtol = 0
+        self.exists = False
+
+    def _entry(self, i: int) -> int | None:
+        """Stamp of the i-th newest admission in us (the floor beyond the stamps)."""
+        if i < len(self.stamps):
+            return self.stamps[i] * 1000
+        return None if self.floor is None else self.floor * 1000
+
+    def _far(self, horizon: int) -> int:
+        """How many stamps are at or after `horizon` (they cannot share a window)."""
+        return sum(1 for s in self.stamps if s * 1000 >= horizon)
+
+    def _used(self, limit: int, window: int, x: int, tol: int) -> int:
+        skip = self._far(x + window + tol + self.maxtol + 1000)
+        inside = [s for s in self.stamps[skip : skip + limit] if s * 1000 > x - window]
+        floor_inside = self.floor is not None and self.floor * 1000 > x - window
+        if skip + len(inside) == len(self.stamps) < skip + limit and floor_inside:
+            return limit
+        return len(inside)
+
+    def _place(self, t0: int, cost: int, tol: int) -> tuple[int | None, int]:
+        x, first = t0, 0
+        for round_ in range(8):
+            moved = False
+            for i, (limit, window) in enumerate(self.rules, 1):
+                skip = self._far(x + window + tol + self.maxtol + 1000)
+                e = self._entry(skip + limit - cost)
+                if e is not None and e + window > x:
+                    x, moved = e + window, True
+                    if round_ == 0:
+                        first = i
+            if not moved:
+                return x, first
+        return None, first
+
+    def _remaining(self, now: int, extra: int) -> int:
+        return min(
+            max(0, limit - self._used(limit, window, now, 0) - extra)
+            for limit, window in self.rules
+        )
+
+    def _reset(self, now: int) -> int:
+        head = self._entry(0)
+        return 0 if head is None else max(0, head + max(w for _, w in self.rules) - now)
+
+    def _insert(self, stamp_ms: int, cost: int, tol: int) -> None:
+        self.exists = True
+        at = sum(1 for s in self.stamps if s > stamp_ms)
+        self.stamps[at:at] = [stamp_ms] * cost
+        self.maxtol = max(self.maxtol, tol)
+        if len(self.stamps) > self.keep:
+            self.floor = self.stamps[self.keep]
+            del self.stamps[self.keep :]
+
+    def _release(self, stamp_us: int, cost: int) -> None:
+        for _ in range(cost):
+            if stamp_us // 1000 in self.stamps:
+                self.stamps.remove(stamp_us // 1000)
+        if not self.stamps and self.floor is None:
+            self.maxtol = 0
+            self.exists = False
+
+    def usage(self, now: int) -> list[tuple[int, int, int]]:
+        out = []
+        head = self._entry(0)
+        for limit, window in self.rules:
+            e = self._entry(self._far(now + window + self.maxtol + 1000) + limit - 1)
+            out.append(
+                (
+                    self._used(limit, window, now, 0),
+                    0 if e is None else max(0, e + window - now),
+                    0 if head is None else max(0, head + window - now),
+                )
+            )
+        return out
+
+    def booked(self, now: int) -> int:
+        return sum(1 for s in self.stamps if s * 1000 > now + 1000)
+
+    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+        self._release(slot_end, cost)
+
+    def decide(
+        self,
+        op: str,
+        now: int,
+        cost: int,
+        not_before: int = 0,
+        max_wait: int = -1,
+        tol: int = 0,
+        slot: tuple[int, int] = (0, 0),
+    ) -> Decision:
+        never = next((i for i, (limit, _) in enumerate(self.rules, 1) if cost > limit), 0)
+        if never:
+            return (False, -1, never, self._remaining(now, 0), self._reset(now), 0, 0)
+        if op == "claim":
+            start, end = slot
+            if now < start:
+                return (False, start - now, 0, self._remaining(now, 0), self._reset(now), *slot)
+            if now <= end:
+                return (True, 0, 0, self._remaining(now, 0), self._reset(now), *slot)
+            op = "reserve"  # late: the missed slot stays spent
+        at, rule = self._place(now, cost, 0)
+        if at is not None and at <= now and (op != "reserve" or not_before <= now):
+            stamp = -(-now // 1000)
+            remaining = self._remaining(now, cost)
+            if op == "peek":
+                return (True, 0, 0, remaining, self._reset(now), 0, 0)
+            self._insert(stamp, cost, 0)
+            return (True, 0, 0, remaining, self._reset(now), now, stamp * 1000)
+        if op != "reserve":
+            wait = at - now if at is not None else self._reset(now)
+            return (False, wait, rule, self._remaining(now, 0), self._reset(now), 0, 0)
+        gap = math.ceil(min(w / n for n, w in self.rules) * cost)
+
+        def spaced(t0: int) -> int | None:
+            x: int | None = t0
+            for _ in range(8):
+                x, _rule = self._place(x, cost, tol)  # type: ignore[arg-type]
+                if x is None:
+                    return None
+                before = sum(1 for s in self.stamps if s * 1000 > -(-(x + tol) // 1000) * 1000)
+                prev = self.stamps[before] * 1000 if before < len(self.stamps) else None
+                if prev is None or prev - tol + gap <= x:
+                    return x
+                x = prev - tol + gap
+            return None
+
+        slot_at = spaced(max(now, not_before))
+        if slot_at is None:
+            head = self._entry(0)
+            behind = max(now, not_before, now if head is None else head - tol + gap)
+            slot_at = spaced(behind)
+            slot_at = behind if slot_at is None else slot_at
+        if max_wait >= 0 and slot_at - now > max_wait:
+            return (False, slot_at - now, rule, self._remaining(now, 0), self._reset(now), 0, 0)
+        stamp = -(-(slot_at + tol) // 1000)
+        self._insert(stamp, cost, tol)
+        return (
+            False,
+            slot_at - now,
+            rule,
+            self._remaining(now, 0),
+            self._reset(now),
+            slot_at,
+            stamp * 1000,
+        )
+
+
+class Gcra:
+    """GCRA per rule: emission interval T = ceil(W / N), burst N (tolerance B = N * T)."""
+
+    books = True
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.T = [ceil_div(w, n) for n, w in rules]
+        self.B = [t * n for t, (n, _) in zip(self.T, rules)]
+        self.tat = [0] * len(rules)
+
+    def _remaining(self, now: int, tat: list[int]) -> int:
+        return min(
+            max(0, min(n, (now + b - max(x, now)) // t))
+            for (n, _), t, b, x in zip(self.rules, self.T, self.B, tat)
+        )
+
+    def _reset(self, now: int, tat: list[int]) -> int:
+        return max([now, *tat]) - now
+
+    def _earliest(self, t0: int, cost: int) -> tuple[int, int]:
+        at, rule = t0, 0
+        for i, (t, b, x) in enumerate(zip(self.T, self.B, self.tat), 1):
+            if x + cost * t - b > at:
+                at, rule = x + cost * t - b, i
+        return at, rule
+
+    def usage(self, now: int) -> list[tuple[int, int, int]]:
+        return [
+            (min(n, ceil_div(max(0, x - now), t)), max(0, x + t - b - now), max(0, x - now))
+            for (n, _), t, b, x in zip(self.rules, self.T, self.B, self.tat)
+        ]
+
+    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+        # only the newest admission or booking can be taken back
+        if any(self.tat) and self.tat[0] == max(slot_end, 0) + cost * self.T[0]:
+            self.tat = [x - cost * t for x, t in zip(self.tat, self.T)]
+            if max(self.tat) <= now:  # fully replenished: no state is kept
+                self.tat = [0] * len(self.tat)
+
+    def decide(
+        self,
+        op: str,
+        now: int,
+        cost: int,
+        not_before: int = 0,
+        max_wait: int = -1,
+        tol: int = 0,
+        slot: tuple[int, int] = (0, 0),
+    ) -> Decision:
+        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        if never:
+            return (
+                False,
+                -1,
+                never,
+                self._remaining(now, self.tat),
+                self._reset(now, self.tat),
+                0,
+                0,
+            )
+        if op == "claim":
+            start, end = slot
+            rem, reset = self._remaining(now, self.tat), self._reset(now, self.tat)
+            if now < start:
+                return (False, start - now, 0, rem, reset, *slot)
+            if now <= end:
+                return (True, 0, 0, rem, reset, *slot)
+            op = "reserve"
+        at, rule = self._earliest(now, cost)
+        if at <= now and (op != "reserve" or not_before <= now):
+            tat = [max(x, now) + cost * t for x, t in zip(self.tat, self.T)]
+            if op == "peek":
+                return (True, 0, 0, self._remaining(now, tat), self._reset(now, tat), 0, 0)
+            before, self.tat = self.tat[0], tat
+            return (
+                True,
+                0,
+                0,
+                self._remaining(now, tat),
+                self._reset(now, tat),
+                now,
+                max(before, now),
+            )
+        if op != "reserve":
+            return (
+                False,
+                at - now,
+                rule,
+                self._remaining(now, self.tat),
+                self._reset(now, self.tat),
+                0,
+                0,
+            )
+        slot_at, _ = self._earliest(max(now, not_before), cost)
+        if max_wait >= 0 and slot_at - now > max_wait:
+            return (
+                False,
+                slot_at - now,
+                rule,
+                self._remaining(now, self.tat),
+                self._reset(now, self.tat),
+                0,
+                0,
+            )
+        self.tat = [max(x, slot_at + tol) + cost * t for x, t in zip(self.tat, self.T)]
+        return (
+            False,
+            slot_at - now,
+            rule,
+            self._remaining(now, self.tat),
+            self._reset(now, self.tat),
+            slot_at,
+            slot_at + tol,
+        )
+
+
+class TokenBucket:
+    """N tokens per rule, refilled continuously at N per W (exact fractions). Only admissions
+    and refunds write; a missing bucket is full."""
+
+    books = False
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.state: list[tuple[Fraction, int]] | None = None  # (tokens, measured at) per rule
+
+    def _view(self, now: int) -> list[tuple[Fraction, int]]:
+        if self.state is None:
+            return [(Fraction(n), now) for n, _ in self.rules]
+        out = []
+        for (n, w), (x, seen) in zip(self.rules, self.state):
+            if now > seen:
+                x, seen = min(Fraction(n), x + Fraction(n * (now - seen), w)), now
+            out.append((x, seen))
+        return out
+
+    def _store(self, view: list[tuple[Fraction, int]]) -> None:
+        full = all(x == n for (n, _), (x, _) in zip(self.rules, view))
+        self.state = None if full else view
+
+    @staticmethod
+    def _remaining(view: list[tuple[Fraction, int]]) -> int:
+        return min(math.floor(x) for x, _ in view)
+
+    def _reset(self, view: list[tuple[Fraction, int]]) -> int:
+        return max(math.ceil((n - x) * w / n) for (n, w), (x, _) in zip(self.rules, view))
+
+    def usage(self, now: int) -> list[tuple[int, int, int]]:
+        return [
+            (
+                math.ceil(n - x),
+                0 if x >= 1 else math.ceil((1 - x) * w / n),
+                math.ceil((n - x) * w / n),
+            )
+            for (n, w), (x, _) in zip(self.rules, self._view(now))
+        ]
+
+    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+        shortest = min(w for _, w in self.rules)
+        if self.state is not None and now - slot_start < shortest:
+            view = self._view(now)
+            self._store(
+                [(min(Fraction(n), x + cost), s) for (n, _), (x, s) in zip(self.rules, view)]
+            )
+
+    def decide(self, op: str, now: int, cost: int, **_: object) -> Decision:
+        view = self._view(now)
+        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        if never:
+            return (False, -1, never, self._remaining(view), self._reset(view), 0, 0)
+        wait, rule = 0, 0
+        for i, ((n, w), (x, _)) in enumerate(zip(self.rules, view), 1):
+            if x < cost and math.ceil((cost - x) * w / n) > wait:
+                wait, rule = math.ceil((cost - x) * w / n), i
+        if wait:
+            return (False, wait, rule, self._remaining(view), self._reset(view), 0, 0)
+        view = [(x - cost, s) for x, s in view]
+        if op == "peek":
+            return (True, 0, 0, self._remaining(view), self._reset(view), 0, 0)
+        self._store(view)
+        return (True, 0, 0, self._remaining(view), self._reset(view), now, now)
+
+
+class FixedWindow:
+    """A count per rule for the current epoch-aligned window."""
+
+    books = False
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.state: list[tuple[int, int]] | None = None  # (window index, count) per rule
+
+    def _view(self, now: int) -> list[tuple[int, int]]:
+        out = []
+        for i, (_, w) in enumerate(self.rules):
+            cur = now // w
+            if self.state and self.state[i][0] >= cur:
+                out.append(self.state[i])
+            else:
+                out.append((cur, 0))
+        return out
+
+    @staticmethod
+    def _remaining(rules: Rules, view: list[tuple[int, int]]) -> int:
+        return min(max(0, n - c) for (n, _), (_, c) in zip(rules, view))
+
+    @staticmethod
+    def _reset(rules: Rules, view: list[tuple[int, int]], now: int) -> int:
+        return max([0] + [(idx + 1) * w - now for (_, w), (idx, c) in zip(rules, view) if c > 0])
+
+    def _store(self, view: list[tuple[int, int]], now: int) -> None:
+        self.state = view if self._reset(self.rules, view, now) > 0 else None
+
+    def usage(self, now: int) -> list[tuple[int, int, int]]:
+        view = self._view(now)
+        return [
+            (c, (idx + 1) * w - now if c >= n else 0, (idx + 1) * w - now if c > 0 else 0)
+            for (n, w), (idx, c) in zip(self.rules, view)
+        ]
+
+    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+        if self.state is None:
+            return
+        view = [
+            (idx, max(0, c - cost) if idx == slot_start // w else c)
+            for (_, w), (idx, c) in zip(self.rules, self._view(now))
+        ]
+        self._store(view, now)
+
+    def decide(self, op: str, now: int, cost: int, **_: object) -> Decision:
+        view = self._view(now)
+        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        if never:
+            return (
+                False,
+                -1,
+                never,
+                self._remaining(self.rules, view),
+                self._reset(self.rules, view, now),
+                0,
+                0,
+            )
+        wait, rule = 0, 0
+        for i, ((n, w), (idx, c)) in enumerate(zip(self.rules, view), 1):
+            if c + cost > n and (idx + 1) * w - now > wait:
+                wait, rule = (idx + 1) * w - now, i
+        if wait:
+            return (
+                False,
+                wait,
+                rule,
+                self._remaining(self.rules, view),
+                self._reset(self.rules, view, now),
+                0,
+                0,
+            )
+        view = [(idx, c + cost) for idx, c in view]
+        remaining, reset = self._remaining(self.rules, view), self._reset(self.rules, view, now)
+        if op == "peek":
+            return (True, 0, 0, remaining, reset, 0, 0)
+        self._store(view, now)
+        return (True, 0, 0, remaining, reset, now, now)
+
+
+class SlidingWindow:
+    """Each rule counts admissions in buckets of ceil(W / precision) and counts, in full, every
+    bucket that overlaps its window (so it never over-admits)."""
+
+    books = False
+
+    def __init__(self, rules: Rules, precision: int = 60) -> None:
+        self.rules = rules
+        self.P = [ceil_div(w, precision) for _, w in rules]
+        self.counts: list[dict[int, int]] = [{} for _ in rules]  # per rule: bucket -> count
+
+    def _buckets(self, i: int, now: int) -> dict[int, int]:
+        lo = (now - self.rules[i][1]) // self.P[i]
+        return {b: c for b, c in self.counts[i].items() if b >= lo and c > 0}
+
+    def _wait(self, i: int, now: int, cost: int) -> int:
+        n, w = self.rules[i]
+        buckets = self._buckets(i, now)
+        need = sum(buckets.values()) + cost - n
+        if need <= 0:
+            return 0
+        freed = 0
+        for b in sorted(buckets):
+            freed += buckets[b]
+            if freed >= need:
+                return (b + 1) * self.P[i] + w - now
+        return -1  # pragma: no cover
+
+    def _rule_reset(self, i: int, now: int) -> int:
+        buckets = self._buckets(i, now)
+        if not buckets:
+            return 0
+        return max(0, (max(buckets) + 1) * self.P[i] + self.rules[i][1] - now)
+
+    def _remaining(self, now: int) -> int:
+        return min(
+            max(0, n - sum(self._buckets(i, now).values())) for i, (n, _) in enumerate(self.rules)
+        )
+
+    def _reset(self, now: int) -> int:
+        return max(self._rule_reset(i, now) for i in range(len(self.rules)))
+
+    def usage(self, now: int) -> list[tuple[int, int, int]]:
+        return [
+            (
+                sum(self._buckets(i, now).values()),
+                max(0, self._wait(i, now, 1)),
+                self._rule_reset(i, now),
+            )
+            for i in range(len(self.rules))
+        ]
+
+    def _prune(self, now: int) -> None:
+        """Writes drop the buckets that left every window (so a clock step back cannot revive
+        them)."""
+        self.counts = [self._buckets(i, now) for i in range(len(self.rules))]
+
+    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+        if not any(self.counts):
+            return
+        for i in range(len(self.rules)):
+            b = slot_start // self.P[i]
+            if b in self._buckets(i, now):
+                self.counts[i][b] = max(0, self.counts[i][b] - cost)
+        self._prune(now)
+
+    def decide(self, op: str, now: int, cost: int, **_: object) -> Decision:
+        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        if never:
+            return (False, -1, never, self._remaining(now), self._reset(now), 0, 0)
+        wait, rule = 0, 0
+        for i in range(len(self.rules)):
+            w = self._wait(i, now, cost)
+            if w > wait:
+                wait, rule = w, i + 1
+        if wait:
+            return (False, wait, rule, self._remaining(now), self._reset(now), 0, 0)
+        before = [dict(c) for c in self.counts]
+        if op != "peek":
+            self._prune(now)
+        for i in range(len(self.rules)):
+            b = now // self.P[i]
+            self.counts[i][b] = self.counts[i].get(b, 0) + cost
+        out = (True, 0, 0, self._remaining(now), self._reset(now), now, now)
+        if op == "peek":
+            self.counts = before
+            return (*out[:5], 0, 0)
+        return out
+
+
+MODELS = {
+    "sliding_log": SlidingLog,
+    "gcra": Gcra,
+    "token_bucket": TokenBucket,
+    "fixed_window": FixedWindow,
+    "sliding_window": SlidingWindow,
+}

@@ -1,0 +1,15 @@
+"""Example Celery apps governed by governor: the README's examples, ``governor demo``'s workers
+and the services in ``docker-compose.yml``.
+
+=======================  ==================================================================
+module                   what it shows
+=======================  ==================================================================
+``workers.app``          the Celery app: broker and limiter Redis from the environment,
+                         ``Governor(app)``, the ``emails`` queue quota, the nightly cap
+``workers.partner_api``  a per-customer limit on calls to a partner's API
+``workers.emails``       a per-queue quota covering every task consumed from ``emails``
+``workers.nightly``      a nightly batch under a daily cap, and a producer for it
+=======================  ==================================================================
+
+Run a worker with ``celery -A workers.app worker -Q celery,emails``.
+"""

@@ -1,0 +1,52 @@
+"""The example Celery app, configured from the environment.
+
+=======================  =====================================================================
+variable                 meaning (default)
+=======================  =====================================================================
+``BROKER_URL``           Celery's broker (``redis://localhost:6379/0``)
+``GOVERNOR_REDIS_URL``   Redis holding governor's counters (``redis://localhost:6379/1``);
+                         the ``governor`` command reads the same variable
+``GOVERNOR_PREFIX``      key prefix of governor's counters (``governor``)
+=======================  =====================================================================
+
+Limits, all global (every worker node and process shares them through Redis):
+
+- queue ``emails``: 10 a second and 800 a day, for every task consumed from it
+  (:mod:`workers.emails`);
+- task ``workers.nightly.run_job``: 1/s, 20/m, 200/h, 800/d (:mod:`workers.nightly`);
+- per customer, 5/s and 200/h on the partner API (on the task, :mod:`workers.partner_api`).
+
+::
+
+    celery -A workers.app worker -Q celery,emails -n node1@%h
+    governor -A workers.app status
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from governor.celery import Governor
+
+BROKER_URL = os.environ.get("BROKER_URL", "redis://localhost:6379/0")
+GOVERNOR_REDIS_URL = os.environ.get("GOVERNOR_REDIS_URL", "redis://localhost:6379/1")
+
+app = Celery("workers", broker=BROKER_URL)
+app.conf.update(
+    governor_redis_url=GOVERNOR_REDIS_URL,
+    governor_prefix=os.environ.get("GOVERNOR_PREFIX", "governor"),
+    # every task consumed from the "emails" queue counts against this quota
+    governor_queues={"emails": "10/s, 800/d"},
+    # a whole-task limit, kept here with the other operational settings
+    governor_tasks={"workers.nightly.run_job": "1/s, 20/m, 200/h, 800/d"},
+    task_ignore_result=True,  # the examples keep no results: no result backend needed
+    broker_connection_retry_on_startup=True,
+)
+governor = Governor(app)
+
+# The task modules register their tasks on import (after `app` and `governor` exist).
+from . import emails, nightly, partner_api  # noqa: E402
+
+__all__ = ["app", "emails", "governor", "nightly", "partner_api"]
