@@ -11,7 +11,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ClusterDownError, RedisClusterException, ResponseError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -45,6 +52,20 @@ def _cost(cost: object) -> int:
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+UNAVAILABLE = (
+    RedisConnectionError,  # also BusyLoadingError: a replica or restart still loading
+    RedisTimeoutError,
+    ClusterDownError,  # also MasterDownError
+    TryAgainError,
+    RedisClusterException,
+    ReadOnlyError,  # a replica after failover, before the client follows the new master
+    OutOfMemoryError,  # maxmemory reached under noeviction
+)
+"""Redis errors that mean "not now": the decision could not be made, nothing was changed."""
+REFUSING = ("MISCONF", "BUSY", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY", "OOM")
+"""Error replies of a server that refuses writes for a while (prefixes)."""
 
 
 class LimiterBase:
@@ -188,15 +209,8 @@ class LimiterBase:
 
     def _error(self, exc: Exception, keys: Sequence[str]) -> Exception:
         """Translate a redis-py error into a governor error (or return it unchanged)."""
-        if isinstance(
-            exc,
-            (
-                RedisConnectionError,
-                RedisTimeoutError,
-                ClusterDownError,
-                TryAgainError,
-                RedisClusterException,
-            ),
+        if isinstance(exc, UNAVAILABLE) or (
+            isinstance(exc, ResponseError) and str(exc).startswith(REFUSING)
         ):
             return StorageUnavailable(f"Redis did not answer for limiter {self.name!r}: {exc}")
         if isinstance(exc, ResponseError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -36,7 +37,9 @@ def test_queue_quota_holds_for_a_plain_task(redis_server: ServerHandle) -> None:
     starts = [r["t"] for r in seen]
     assert most_in_window(starts, 1.0) <= 5 + 1  # 5 per second, one more on a window edge
     assert max(starts) - min(starts) >= 1.9  # three batches of five: it did wait
-    assert max(r["waits"] for r in seen) == 1  # each waiting task was deferred exactly once
+    # Each waiting task was deferred once: it booked its slot and ran on it. A worker that
+    # starts one later than governor_late_tolerance (a loaded CI machine) re-books it once.
+    assert sum(r["waits"] for r in seen) <= 10 + 2 and max(r["waits"] for r in seen) <= 2
 
 
 def test_routing_decides_the_queue(redis_server: ServerHandle) -> None:
@@ -140,6 +143,7 @@ def test_message_is_kept_and_retries_are_not_eaten(redis_server: ServerHandle) -
             custom=(self.request.headers or {}).get("x-custom"),
             priority=self.request.delivery_info.get("priority"),
             waits=gov.get("waits", 0),
+            since=gov.get("since"),
         )
         if n == 2 and self.request.retries == 0:
             raise self.retry(countdown=0.1)  # its own retry still works after governance waits
@@ -167,6 +171,9 @@ def test_message_is_kept_and_retries_are_not_eaten(redis_server: ServerHandle) -
         assert first["custom"] == f"c{n}" and first["priority"] == 3
         assert first["retries"] == 0
     assert by_n[2][0]["waits"] >= 1 and [r["retries"] for r in by_n[2]] == [0, 1]
+    # the retry counts its own governance wait, not one from before the first run
+    retried = by_n[2][1]
+    assert retried["since"] is None or retried["since"] >= by_n[2][0]["t"] - 0.05
     assert sorted(r["tag"] for r in linked.all()) == ["tag0", "tag1", "tag2"]
     assert sorted(r["result"] for r in linked.all()) == [0, 10, 20]
 
@@ -221,6 +228,7 @@ def test_cost_above_the_limit_fails_clearly(
         ({"governor_redis_url": "http://x"}, "governor_redis_url"),
         ({"governor_max_wait": "soon"}, "governor_max_wait"),
         ({"governor_queues": ["emails"]}, "governor_queues"),
+        ({"governor_park_after": 0.5}, "governor_release_interval"),
     ],
 )
 def test_bad_settings_fail_when_the_app_finalizes(
@@ -320,16 +328,18 @@ def test_redis_outage(redis_server: ServerHandle, fail_mode: str) -> None:
             store.stop()
             down = time.time()
             job.delay(1)
+            # a released parked task arriving during the outage: its copy check needs Redis too
+            job.apply_async((2,), headers={"governor": {"parked": "p:1:ab", "release": "x"}})
             if fail_mode == "open":
-                seen = rec.wait(2, timeout=10)
-                assert [r["n"] for r in seen] == [0, 1]
+                seen = rec.wait(3, timeout=10)
+                assert sorted(r["n"] for r in seen) == [0, 1, 2]
                 return
             time.sleep(2.0)  # bounded: long enough for several outage retries
             assert [r["n"] for r in rec.all()] == [0]  # never ran ungoverned
             store.start()
-            seen = rec.wait(2, timeout=20)
-        assert [r["n"] for r in seen] == [0, 1]
-        assert seen[1]["t"] > down + 2.0
+            seen = rec.wait(3, timeout=20)
+        assert sorted(r["n"] for r in seen) == [0, 1, 2]
+        assert min(r["t"] for r in seen[1:]) > down + 2.0
     finally:
         store.close()
 
@@ -360,10 +370,217 @@ def test_submit_batch_books_every_call_before_sending(redis_server: ServerHandle
     assert sorted((r["customer"], r["n"]) for r in seen) == sorted(
         (c, n) for n in range(6) for c in ("acme", "globex")
     )
-    assert all(r["waits"] == 0 for r in seen)  # never denied: each arrived for its booking
+    # never denied: each arrived for its booking (one that a loaded worker started later than
+    # governor_late_tolerance re-books, once)
+    assert sum(r["waits"] for r in seen) <= 2
     starts = [r["t"] for r in seen]
     assert most_in_window(starts, 1.0) <= 4
     for customer in ("acme", "globex"):
         assert most_in_window([r["t"] for r in seen if r["customer"] == customer], 2.0) <= 3
     assert min(starts) >= started + 0.5 - 0.05
     assert max(dues) - started > 1.5  # the last ones were parked and released
+
+
+def test_a_governed_task_without_governor_app(redis_server: ServerHandle) -> None:
+    """``base=GovernedTask`` alone is enough: the worker installs governor (gate, held
+    acknowledgements, the releaser of parked tasks) when it starts."""
+    from governor.celery.parking import ReleaserStep
+    from governor.celery.request import GovernedRequestMixin
+
+    q = queue_name()
+    app = new_app(redis_server.url(), q, governor_park_after=1.5)
+    rec = Recorder(redis_server.url())
+
+    @app.task(base=GovernedTask, governor_limit="1/2s", shared=False, bind=True)
+    def job(self: Task, n: int) -> None:
+        gov = (self.request.headers or {}).get("governor") or {}
+        rec.add(n=n, waits=gov.get("waits", 0))
+
+    assert Governor.find(app) is None
+    with worker(app, [q]):
+        assert Governor.find(app) is not None
+        assert issubclass(app.tasks[job.name].Request, GovernedRequestMixin)
+        assert ReleaserStep in app.steps["worker"]
+        for n in range(3):
+            job.delay(n)
+        seen = rec.wait(3, timeout=20)
+    assert sorted(r["n"] for r in seen) == [0, 1, 2]
+    starts = sorted(r["t"] for r in seen)
+    assert starts[2] - starts[0] >= 4.0 - 0.1  # 1 per 2 s: the third was parked, then released
+
+
+def test_a_released_copy_runs_once_and_its_redelivery_runs(redis_server: ServerHandle) -> None:
+    """Copies of one parked task (a releaser died after publishing, another released it again)
+    carry different release tokens: the first to arrive runs, the other is dropped. The same
+    copy delivered again (requeued, or its worker died) carries the same token: it runs."""
+    q = queue_name()
+    app = new_app(redis_server.url(), q, governor_queues={q: "100/s"})
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def job(n: int) -> None:
+        rec.add(n=n)
+
+    parked = f"{uuid.uuid4().hex}:1:ab"
+    with worker(app, [q]):
+        job.apply_async((0,), headers={"governor": {"parked": parked, "release": "a"}})
+        assert len(rec.wait(1, timeout=10)) == 1
+        job.apply_async((1,), headers={"governor": {"parked": parked, "release": "b"}})
+        job.apply_async((2,), headers={"governor": {"parked": parked, "release": "a"}})
+        rec.wait(2, timeout=10)
+        time.sleep(0.5)
+    assert sorted(r["n"] for r in rec.all()) == [0, 2]
+
+
+def test_a_revoked_task_is_not_deferred(redis_server: ServerHandle) -> None:
+    """A task revoked while its ETA was pending, that a limit would defer when it comes due,
+    is discarded as Celery discards it, not re-published to wait."""
+    from celery.signals import task_revoked
+    from celery.worker.state import revoked
+
+    from governor.celery import signals
+
+    q = queue_name()
+    app = new_app(redis_server.url(), q, governor_queues={q: "1/m"})
+    Governor(app)
+    rec = Recorder(redis_server.url())
+    deferred: list[str] = []
+    discarded: list[str] = []
+
+    def on_deferred(request: object = None, **_: object) -> None:
+        deferred.append(str(getattr(request, "id", "")))
+
+    def on_revoked(request: object = None, **_: object) -> None:
+        discarded.append(str(getattr(request, "id", "")))
+
+    @app.task(shared=False)
+    def job(n: int) -> None:
+        rec.add(n=n)
+
+    signals.task_deferred.connect(on_deferred, weak=False)
+    task_revoked.connect(on_revoked, weak=False)
+    try:
+        with worker(app, [q]):
+            job.delay(0)
+            assert len(rec.wait(1, timeout=10)) == 1
+            doomed = str(uuid.uuid4())
+            job.apply_async((1,), task_id=doomed, countdown=1.5)  # held by the worker's timer
+            time.sleep(0.7)
+            revoked.add(doomed)  # what a revoke broadcast does in every worker, meanwhile
+            deadline = time.monotonic() + 10
+            while doomed not in discarded and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        signals.task_deferred.disconnect(on_deferred)
+        task_revoked.disconnect(on_revoked)
+        revoked.discard(doomed)
+    assert doomed in discarded and doomed not in deferred
+    assert [r["n"] for r in rec.all()] == [0]
+
+
+def test_a_task_that_cannot_be_republished_fails_visibly(
+    redis_server: ServerHandle, failures: list[BaseException]
+) -> None:
+    """A deferral whose re-publish fails for good (here: its serializer refuses) fails the task
+    with GovernorError, rather than requeueing it forever; a broker outage requeues it."""
+    from kombu.serialization import register
+
+    from governor import GovernorError
+
+    refuse = {"now": False}
+
+    def encode(body: object) -> str:
+        if refuse["now"]:
+            raise ValueError("this serializer refuses now")
+        return json.dumps(body)
+
+    register("gt-flaky", encode, json.loads, "application/x-gt-flaky", "utf-8")
+    q = queue_name()
+    app = new_app(
+        redis_server.url(),
+        q,
+        governor_queues={q: "1/m"},
+        accept_content=["json", "application/x-gt-flaky"],
+    )
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False, serializer="gt-flaky")
+    def job(n: int) -> None:
+        rec.add(n=n)
+
+    with worker(app, [q]):
+        job.delay(0)
+        job.delay(1)
+        refuse["now"] = True  # both are out; the re-publish of the deferred one will fail
+        deadline = time.monotonic() + 10
+        while not failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+    assert len(failures) == 1 and isinstance(failures[0], GovernorError), failures
+    assert "re-publishing it failed" in str(failures[0])
+    assert [r["n"] for r in rec.all()] == [0]
+
+
+def test_submit_batch_with_no_lead_time_spends_each_admission_once(
+    redis_server: ServerHandle,
+) -> None:
+    from governor.celery import submit_batch
+
+    q = queue_name()
+    app = new_app(redis_server.url(), q, governor_queues={q: "5/s"})
+    governor = Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def job(n: int) -> None:
+        rec.add(n=n)
+
+    lim = Limiter(governor.gate.client, "5/s", name="queue", prefix=governor.settings.prefix)
+    with worker(app, [q]):
+        submit_batch((job.s(n) for n in range(3)), start_in=0)
+        assert len(rec.wait(3, timeout=10)) == 3
+        used = lim.usage(q).rules[0].used  # within the second (the window holds every start)
+    assert used == 3  # not 6: nothing was taken at submit and again on arrival
+    assert max(r["t"] for r in rec.all()) - min(r["t"] for r in rec.all()) < 1.0
+
+
+def test_early_deferral_pauses_while_redis_is_down(redis_server: ServerHandle) -> None:
+    """The worker's main process peeks Redis before handing a message to the pool; when Redis
+    is down it stops peeking for a while (the pool decides, with the fail_mode), rather than
+    stalling the consumer on a socket timeout per message."""
+    from types import SimpleNamespace
+
+    from governor.celery import gate as gate_module
+    from governor.embedded import EmbeddedRedis
+
+    store = EmbeddedRedis().start()
+    q = queue_name()
+    app = new_app(
+        redis_server.url(),
+        q,
+        governor_queues={q: "1/s"},
+        governor_redis_url=store.url(),
+        governor_socket_timeout=0.5,
+    )
+    governor = Governor(app)
+
+    @app.task(shared=False)
+    def job() -> None: ...
+
+    request = SimpleNamespace(
+        id="r1",
+        task=job,
+        revoked=lambda: False,
+        _request_dict={},
+        delivery_info={"routing_key": q},
+    )
+    gate = governor.gate
+    assert gate.defer_early(request) is False  # Redis up, room: the pool admits
+    store.close()
+    started = time.monotonic()
+    assert gate.defer_early(request) is False  # Redis down: left to the pool
+    assert gate.defer_early(request) is False  # and not asked again for a while
+    assert time.monotonic() - started < 1.5
+    assert gate._early_paused_until - time.monotonic() > gate_module.EARLY_PAUSE - 2

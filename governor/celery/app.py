@@ -188,3 +188,19 @@ class Governor:
             )
         task.Request = governed_request_class(task.Request)
         return True
+
+
+def _adopt_governed_tasks(sender: Any = None, **_: Any) -> None:
+    """A worker whose app has GovernedTask tasks but no ``Governor(app)`` gets one: without it
+    the worker would run the gate but neither hold acknowledgements nor release parked tasks.
+
+    ``worker_init`` is sent before the worker builds its blueprint from ``app.steps``, so the
+    releaser step added here still starts."""
+    app = getattr(sender, "app", None)
+    if app is None or Governor.find(app) is not None:
+        return
+    if any(isinstance(task, GovernedMixin) for task in list(app.tasks.values())):
+        Governor(app)._on_worker_init(sender=sender)
+
+
+celery_signals.worker_init.connect(_adopt_governed_tasks, weak=False)

@@ -14,6 +14,7 @@ bar).
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -90,6 +91,14 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
         )
     now = time.time()
     outcome = gate.reserve_all(limiters, cost, not_before=now + start_in)
+    if outcome.allowed and outcome.now is not None:
+        # admitted at once (this clock is behind Redis by more than start_in): that admission
+        # would be spent twice (here and on arrival); book by the Redis clock instead
+        gate.refund(outcome.held, cost)
+        outcome = gate.reserve_all(limiters, cost, not_before=outcome.now + start_in)
+    if outcome.allowed:  # start_in=0 and room now: the gate admits it on arrival
+        gate.refund(outcome.held, cost)
+        return sig.apply_async(queue=queue), None
     decision = outcome.decision
     if decision is not None and decision.retry_after == math.inf:
         raise ConfigError(
@@ -114,7 +123,7 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
     if settings.park_after is not None and outcome.delay > settings.park_after:
         task_id = options.get("task_id") or sig.id or _new_id()
         options["task_id"] = task_id
-        state.parked = f"{task_id}:0"
+        state.parked = f"{task_id}:0:{secrets.token_hex(4)}"
         options["headers"][HEADER] = state.header()
         placed = sig.clone(**options)
         placed.options.pop("countdown", None)

@@ -150,7 +150,7 @@ def reserve_all(
                 break
         if moved is None:
             if all(d.allowed for _, _, d in held):
-                return Outcome(True, held=held)
+                return Outcome(True, now=held[-1][2].now, held=held)
             assert target is not None
             last = held[-1][2]
             worst = max(held, key=lambda h: h[2].retry_after)

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from typing import Any
 import redis
 from celery.exceptions import Ignore, Reject
 from celery.worker.state import task_ready
+from kombu.exceptions import OperationalError as BrokerError
 
 from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
 from ..limiter import Limiter
@@ -45,10 +47,15 @@ from .settings import LimitConfig, Settings
 __all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
 
 logger = logging.getLogger("governor.celery")
-HEADER = "governor"
+HEADER = parking.HEADER
 SUMMARY_EVERY = 10.0
 HINT_TTL = 0.05
 """How long the worker's main process trusts a peek that found room (seconds)."""
+EARLY_PAUSE = 5.0
+"""After Redis failed in the worker's main process, it leaves every decision to the pool for
+this long (seconds), so an outage does not stall the consumer on socket timeouts."""
+TRANSIENT = (StorageUnavailable, redis.RedisError, BrokerError, OSError)
+"""Errors that may pass: a re-publish that fails with one keeps the original message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,8 @@ class WaitState:
     outages: int = 0
     parked: str | None = None
     """The parking id a released message carries until a consumer claims it."""
+    release: str | None = None
+    """The token of the release that published this copy (see ``parking.stamp_release``)."""
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
@@ -101,6 +110,7 @@ class WaitState:
             slots=dict(slots) if isinstance(slots, Mapping) else None,
             outages=int(raw.get("outages") or 0),
             parked=raw.get("parked"),
+            release=raw.get("release"),
         )
 
     def header(self) -> dict[str, Any]:
@@ -110,6 +120,7 @@ class WaitState:
             "slots": self.slots,
             "outages": self.outages,
             "parked": self.parked,
+            "release": self.release,
         }
 
 
@@ -127,6 +138,7 @@ class Gate:
         self._deferrals: Counter[str] = Counter()
         self._longest = 0.0
         self._summary_at = time.monotonic()
+        self._early_paused_until = 0.0
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -215,21 +227,25 @@ class Gate:
         if getattr(request, "is_eager", False) or getattr(request, "called_directly", False):
             return None
         state = WaitState.from_request(request)
-        if state.parked is not None:
-            if not parking.claim_first_delivery(self.client, self.settings.prefix, state.parked):
-                logger.info(
-                    "governor: %s[%s] dropped: a second copy of a released task",
-                    task.name,
-                    request.id,
-                )
-                return Duplicate(f"governor: second copy of parked task {state.parked}")
-            state.parked = None
-            request.headers[HEADER] = state.header()
         specs = self.specs(task, request, args, kwargs)
-        if not specs:
+        if not specs and state.parked is None:
             return None
-        cost = self.cost(task, args, kwargs)
+        cost = self.cost(task, args, kwargs) if specs else 0
         try:
+            if state.parked is not None:
+                if not parking.claim_first_delivery(
+                    self.client, self.settings.prefix, state.parked, state.release
+                ):
+                    logger.info(
+                        "governor: %s[%s] dropped: a second copy of a released task",
+                        task.name,
+                        request.id,
+                    )
+                    return Duplicate(f"governor: second copy of parked task {state.parked}")
+                state.parked = state.release = None
+                request.headers[HEADER] = state.header()
+            if not specs:
+                return None
             outcome = self.decide(specs, cost, state)
         except StorageUnavailable as exc:
             signals.storage_unavailable.send(
@@ -287,14 +303,20 @@ class Gate:
         Admission itself never happens here (it belongs right before the body, in the pool);
         anything unusual (bookings to claim, Redis trouble, a wait too long) goes to the pool.
         """
+        if time.monotonic() < self._early_paused_until:
+            return False
         try:
             return self._defer_early(req)
         except Exception as exc:  # never break the consumer: the pool path decides instead
+            if isinstance(exc, (StorageUnavailable, redis.RedisError)):
+                self._early_paused_until = time.monotonic() + EARLY_PAUSE
             logger.debug("governor: early deferral skipped for %s: %r", req.id, exc)
             return False
 
     def _defer_early(self, req: Any) -> bool:
         task = req.task
+        if req.revoked():  # revoked or expired: Celery's own dispatch discards it
+            return False
         carried = req._request_dict.get(HEADER)
         if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
             return False  # bookings are claimed, and copies dropped, in the pool
@@ -316,6 +338,8 @@ class Gate:
         outcome = self.decide(specs, cost, state)
         if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
             self.refund(outcome.held, cost)
+            for spec in specs:
+                self._hints[(spec.name, spec.subject, spec.config)] = (time.monotonic(), 0.0)
             return False
         decision = outcome.decision
         if (decision is not None and decision.retry_after == math.inf) or self._too_long(
@@ -364,9 +388,12 @@ class Gate:
         self, task: Any, request: Any, specs: list[LimitSpec], state: WaitState, outcome: Outcome
     ) -> None:
         lateness = None
-        if state.slots is not None:  # used: a later retry of this task must not claim them
-            request.headers[HEADER] = {**state.header(), "slots": None}
+        if state.slots is not None:
             lateness = max(d.now - d.slot.start for _, _, d in outcome.held if d.slot)
+        if state.slots is not None or state.since is not None:
+            # used up: a retry of this task (self.retry copies the headers) must neither claim
+            # these bookings nor count its governance wait from this one's first deferral
+            request.headers[HEADER] = {**state.header(), "slots": None, "since": None}
         signals.task_admitted.send(
             sender=task,
             request=request,
@@ -431,7 +458,7 @@ class Gate:
         delay = max(0.0, outcome.delay - (time.monotonic() - outcome.at))
         park = self.settings.park_after is not None and delay > self.settings.park_after
         if park:
-            state.parked = f"{request.id}:{state.waits}"
+            state.parked = f"{request.id}:{state.waits}:{secrets.token_hex(4)}"
         sig = task.signature_from_request(
             request, args, kwargs, countdown=None if park else delay, retries=request.retries
         )
@@ -449,12 +476,18 @@ class Gate:
                 signals.task_parked.send(sender=task, request=request, due=due, limit=label)
             else:
                 sig.apply_async()
-        except Exception as exc:  # the broker (or Redis) refused: keep the original message
+        except TRANSIENT as exc:  # the broker (or Redis) is away: keep the original message
             self.refund(outcome.held, cost)
             logger.error(
                 "governor: could not re-publish %s[%s], requeued: %r", task.name, request.id, exc
             )
             raise Reject(exc, requeue=True) from exc
+        except Exception as exc:  # it can never be re-published (say, it cannot be serialized)
+            self.refund(outcome.held, cost)
+            raise GovernorError(
+                f"task {task.name!r} [{request.id}] must wait {delay:.1f}s for {label}, but "
+                f"re-publishing it failed: {exc!r}"
+            ) from exc
         rule = outcome.decision.rule if outcome.decision is not None else None
         blocked = outcome.decision.blocked if outcome.decision is not None else None
         signals.task_deferred.send(

@@ -10,14 +10,16 @@ an ordinary short ETA.
 Releasing is at least once and running is exactly once: a releaser takes entries under a
 lease, publishes them, and only then removes them; one that dies in between leaves its lease
 to expire and another releaser publishes the entries again. Each released message carries its
-parking id, and the consumer claims that id before running it, so the second copy is dropped.
+parking id and a token of its own publication, and the consumer claims that id before running
+it: the first copy to claim it runs, another copy is dropped, and the broker delivering the same
+copy again (a worker died, a message was requeued) runs it (the token matches).
 
 Keys (one hash tag, so one Redis Cluster slot)::
 
     <prefix>:{parked}:due      ZSET  parking id -> due (Unix ms, Redis clock)
     <prefix>:{parked}:msgs     HASH  parking id -> envelope (JSON)
     <prefix>:{parked}:lease    ZSET  parking id -> lease expiry (Unix ms)
-    <prefix>:{parked}:seen:ID  STRING, 1 day: the parking id was claimed by a consumer
+    <prefix>:{parked}:seen:ID  STRING, 1 day: the release token of the copy that claimed it
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +43,7 @@ from ..scripts import LuaScript, plain_script
 from . import signals
 
 __all__ = [
+    "HEADER",
     "Releaser",
     "ReleaserStep",
     "claim_first_delivery",
@@ -50,6 +54,8 @@ __all__ = [
 
 logger = logging.getLogger("governor.celery")
 SEEN_TTL_MS = 86_400_000
+HEADER = "governor"
+"""The message header a governed task carries between waits (see ``gate.WaitState``)."""
 
 
 def keys(prefix: str) -> tuple[str, str, str]:
@@ -68,9 +74,17 @@ def _eval(client: redis.Redis, script: LuaScript, keys_: list[str], args: list[A
 
 
 def envelope(app: Any, sig: dict[str, Any], due: float, label: str) -> str:
-    """Serialize a signature with the app's task serializer, plus what the releaser needs."""
+    """Serialize a signature with the serializer its task would be sent with (the call's
+    ``serializer`` option, else the task's, else ``task_serializer``), plus what the releaser
+    needs."""
+    task = app.tasks.get(sig.get("task")) if sig.get("task") else None
+    serializer = (
+        (sig.get("options") or {}).get("serializer")
+        or getattr(task, "serializer", None)
+        or app.conf.task_serializer
+    )
     content_type, encoding, body = dumps(  # type: ignore[no-untyped-call]
-        dict(sig), serializer=app.conf.task_serializer
+        dict(sig), serializer=serializer
     )
     if isinstance(body, bytes):
         body, binary = base64.b64encode(body).decode("ascii"), True
@@ -108,13 +122,36 @@ def park(client: redis.Redis, prefix: str, parking_id: str, due: float, text: st
     )
 
 
-def claim_first_delivery(client: redis.Redis, prefix: str, parking_id: str) -> bool:
-    """True for the first delivery of a released message; False for a copy (drop it)."""
+def claim_first_delivery(
+    client: redis.Redis, prefix: str, parking_id: str, token: str | None = None
+) -> bool:
+    """True when this copy of a released message may run: it is the first to claim the parking
+    id, or the same copy again (same release ``token``: the broker redelivered or requeued it).
+    False for another copy of the same parked task (a second release): drop it."""
     key = f"{prefix}:{{parked}}:seen:{parking_id}"
+    mark = token or "1"
     try:
-        return bool(client.set(key, 1, nx=True, px=SEEN_TTL_MS))
+        pipe = client.pipeline(transaction=True)
+        pipe.set(key, mark, nx=True, px=SEEN_TTL_MS)
+        pipe.get(key)
+        first, holder = pipe.execute()
     except RedisError as exc:
         raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc
+    if first:
+        return True
+    if isinstance(holder, bytes):
+        holder = holder.decode()
+    return token is not None and holder == token
+
+
+def stamp_release(sig: Any) -> str:
+    """Mark a signature about to be released with a token of this publication."""
+    token = secrets.token_hex(8)
+    headers = dict(sig.options.get("headers") or {})
+    carried = headers.get(HEADER)
+    headers[HEADER] = {**(carried if isinstance(carried, dict) else {}), "release": token}
+    sig.options["headers"] = headers
+    return token
 
 
 def parked_count(client: redis.Redis, prefix: str, label: str | None = None) -> int:
@@ -177,6 +214,7 @@ class Releaser:
             except Exception as exc:  # unreadable: keep it leased and visible in the logs
                 logger.error("governor: cannot read parked task %s: %r", parking_id, exc)
                 continue
+            stamp_release(sig)
             # the Redis clock now: publishing a large batch takes a while
             sig.apply_async(countdown=max(0.0, due - now - (time.monotonic() - taken_at)))
             pipe = client.pipeline(transaction=True)

@@ -154,6 +154,7 @@ def load_settings(conf: Any) -> Settings:
         raise ConfigError(f"governor_metrics_port must be a TCP port or None, got {metrics_port!r}")
     metrics_addr = get("governor_metrics_addr") or "0.0.0.0"
     park_after = get("governor_park_after")
+    park_after_set = park_after is not None and park_after is not False
     if park_after is None:
         options = get("broker_transport_options") or {}
         visibility = (
@@ -166,6 +167,15 @@ def load_settings(conf: Any) -> Settings:
         park_after = seconds(park_after, "governor_park_after", minimum=0.001)
     if not isinstance(metrics_addr, str):
         raise ConfigError(f"governor_metrics_addr must be a host address, got {metrics_addr!r}")
+    release_interval = seconds(
+        get("governor_release_interval", 1.0), "governor_release_interval", minimum=0.01
+    )
+    if park_after_set and park_after is not None and park_after <= release_interval:
+        raise ConfigError(
+            f"governor_park_after ({park_after:g}s) must be longer than "
+            f"governor_release_interval ({release_interval:g}s): a parked task is released "
+            "when it is due within park_after, and releasers look only every release_interval"
+        )
     return Settings(
         redis_url=redis_url,
         prefix=prefix,
@@ -182,9 +192,7 @@ def load_settings(conf: Any) -> Settings:
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
         park_after=park_after,
-        release_interval=seconds(
-            get("governor_release_interval", 1.0), "governor_release_interval", minimum=0.01
-        ),
+        release_interval=release_interval,
         release_lease=seconds(
             get("governor_release_lease", 30.0), "governor_release_lease", minimum=0.1
         ),

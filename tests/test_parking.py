@@ -1,0 +1,117 @@
+"""Parking against a real Redis (and the Redis broker): release tokens, envelopes, errors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from conftest import ServerHandle
+from governor import Limiter, StorageUnavailable
+from governor.celery import parking
+from governor.embedded import EmbeddedRedis
+
+
+class Opaque:
+    """Not JSON: only a pickling task can carry it."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def test_a_release_token_tells_a_redelivery_from_a_second_copy(r: redis.Redis, prefix: str) -> None:
+    claim = parking.claim_first_delivery
+    assert claim(r, prefix, "t1:1:ab", "first")  # the first copy to arrive runs
+    assert claim(r, prefix, "t1:1:ab", "first")  # the same copy again (redelivered, requeued)
+    assert not claim(r, prefix, "t1:1:ab", "second")  # a second release of the same entry
+    assert not claim(r, prefix, "t1:1:ab", None)
+    # messages from before tokens existed: first wins, any other is dropped
+    assert claim(r, prefix, "t2:1:ab", None)
+    assert not claim(r, prefix, "t2:1:ab", None)
+    assert 0 < r.pttl(f"{prefix}:{{parked}}:seen:t1:1:ab") <= parking.SEEN_TTL_MS
+
+
+def _app(redis_server: ServerHandle, queue: str) -> Celery:
+    app = Celery(f"pk-{uuid.uuid4().hex[:6]}", broker=redis_server.url(1), set_as_current=False)
+    app.conf.update(task_default_queue=queue, accept_content=["json", "pickle"])
+    return app
+
+
+def _queued(redis_server: ServerHandle, queue: str) -> list[dict[str, object]]:
+    broker = redis.Redis.from_url(redis_server.url(1))
+    return [json.loads(raw) for raw in broker.lrange(queue, 0, -1)]
+
+
+def test_the_releaser_stamps_each_publication(redis_server: ServerHandle, prefix: str) -> None:
+    queue = f"pk-{uuid.uuid4().hex[:8]}"
+    app = _app(redis_server, queue)
+
+    @app.task(shared=False)
+    def job(n: int) -> None: ...
+
+    client = redis.Redis.from_url(redis_server.url(2))
+    for n in range(2):
+        sig = job.s(n).set(headers={"governor": {"waits": 1, "parked": f"id{n}"}})
+        due = float(client.time()[0])
+        parking.park(client, prefix, f"id{n}", due, parking.envelope(app, sig, due, "test"))
+    releaser = parking.Releaser(app, lambda: client, prefix, horizon=5.0)
+    assert releaser.release_once() == 2
+    assert parking.parked_count(client, prefix) == 0
+    headers = [m["headers"]["governor"] for m in _queued(redis_server, queue)]  # type: ignore[index]
+    assert sorted(h["parked"] for h in headers) == ["id0", "id1"]
+    tokens = {h["release"] for h in headers}
+    assert len(tokens) == 2 and all(isinstance(t, str) and len(t) == 16 for t in tokens)
+    assert all(h["waits"] == 1 for h in headers)
+
+
+def test_an_envelope_uses_the_tasks_serializer(redis_server: ServerHandle) -> None:
+    app = _app(redis_server, "q")
+
+    @app.task(shared=False, serializer="pickle")
+    def pickled(thing: Opaque) -> None: ...
+
+    text = parking.envelope(app, pickled.s(Opaque(7)), 1.0, "test")
+    assert json.loads(text)["ct"] == "application/x-python-serialize"
+    sig, due, _ = parking.open_envelope(app, text)
+    assert due == 1.0 and sig.args[0].value == 7
+    # and the call's own serializer option comes first
+    text = parking.envelope(app, pickled.s(3).set(serializer="json"), 1.0, "test")
+    assert json.loads(text)["ct"] == "application/json"
+
+
+@pytest.fixture
+def own_redis() -> Iterator[redis.Redis]:
+    """A redis-server of this test's own: it is made to refuse writes."""
+    server = EmbeddedRedis().start()
+    client = redis.Redis.from_url(server.url())
+    try:
+        yield client
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("setup", "reply"),
+    [
+        ([("CONFIG", "SET", "min-replicas-to-write", "1")], "NOREPLICAS"),
+        ([("CONFIG", "SET", "maxmemory", "1")], "maxmemory"),
+        ([("REPLICAOF", "127.0.0.1", "1")], "read only replica"),
+    ],
+)
+def test_a_server_refusing_writes_is_unavailable_not_a_crash(
+    own_redis: redis.Redis, setup: list[tuple[str, ...]], reply: str
+) -> None:
+    """A Redis that is up but refuses writes (no replicas, out of memory, a replica after a
+    failover) is an outage: the gate's fail_mode applies, as for a connection error."""
+    lim = Limiter(own_redis, "5/s", name="refused")
+    assert lim.acquire("a", now=100.0).allowed
+    for command in setup:
+        own_redis.execute_command(*command)
+    with pytest.raises(StorageUnavailable) as info:
+        lim.acquire("a", now=100.1)
+    assert reply in str(info.value)
