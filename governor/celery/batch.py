@@ -25,7 +25,7 @@ from celery.result import AsyncResult
 from ..errors import ConfigError
 from . import parking, signals
 from .app import Governor
-from .gate import HEADER, WaitState
+from .waits import HEADER, WaitState
 
 __all__ = ["submit_batch"]
 

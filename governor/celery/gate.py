@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Reject
 from celery.worker.state import task_ready
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -43,11 +43,11 @@ from .limits import (
     task_limit_config,
 )
 from .settings import LimitConfig, Settings
+from .waits import HEADER, Deferred, Duplicate, WaitState
 
 __all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
 
 logger = logging.getLogger("governor.celery")
-HEADER = parking.HEADER
 SUMMARY_EVERY = 10.0
 HINT_TTL = 0.05
 """How long the worker's main process trusts a peek that found room (seconds)."""
@@ -66,62 +66,6 @@ class TaskOptions:
     key_config: LimitConfig | None
     cost: Any
     max_wait: float | None
-
-
-class Duplicate(Ignore):  # type: ignore[misc]
-    """A second copy of a released parked task: dropped (the first copy runs)."""
-
-
-class Deferred(Ignore):  # type: ignore[misc]
-    """Raised after a governed task was re-published to run later (Celery acks the original)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __repr__(self) -> str:
-        return f"Deferred({self.message!r})"
-
-
-@dataclass(slots=True)
-class WaitState:
-    """What a task carries between governance waits (the ``governor`` message header)."""
-
-    waits: int = 0
-    since: float | None = None
-    """Server time of the first deferral."""
-    slots: dict[str, list[int]] | None = None
-    """Bookings by state key: [start_us, end_us]."""
-    outages: int = 0
-    parked: str | None = None
-    """The parking id a released message carries until a consumer claims it."""
-    release: str | None = None
-    """The token of the release that published this copy (see ``parking.stamp_release``)."""
-
-    @classmethod
-    def from_request(cls, request: Any) -> WaitState:
-        raw = (getattr(request, "headers", None) or {}).get(HEADER)
-        if not isinstance(raw, Mapping):
-            return cls()
-        slots = raw.get("slots")
-        return cls(
-            waits=int(raw.get("waits") or 0),
-            since=raw.get("since"),
-            slots=dict(slots) if isinstance(slots, Mapping) else None,
-            outages=int(raw.get("outages") or 0),
-            parked=raw.get("parked"),
-            release=raw.get("release"),
-        )
-
-    def header(self) -> dict[str, Any]:
-        return {
-            "waits": self.waits,
-            "since": self.since,
-            "slots": self.slots,
-            "outages": self.outages,
-            "parked": self.parked,
-            "release": self.release,
-        }
 
 
 class Gate:

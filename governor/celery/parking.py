@@ -41,6 +41,7 @@ from redis.exceptions import NoScriptError, RedisError
 from ..errors import StorageUnavailable
 from ..scripts import LuaScript, plain_script
 from . import signals
+from .waits import HEADER
 
 __all__ = [
     "HEADER",
@@ -54,8 +55,6 @@ __all__ = [
 
 logger = logging.getLogger("governor.celery")
 SEEN_TTL_MS = 86_400_000
-HEADER = "governor"
-"""The message header a governed task carries between waits (see ``gate.WaitState``)."""
 
 
 def keys(prefix: str) -> tuple[str, str, str]:
