@@ -192,8 +192,8 @@ class LimiterBase:
         )
 
     def _usage(self, subject: Subject, reply: Sequence[Any]) -> Usage:
-        now, until, reason, booked = reply[0], reply[1], reply[2], reply[3]
-        per = reply[4:]
+        now, until, reason, booked, last = reply[0], reply[1], reply[2], reply[3], reply[4]
+        per = reply[5:]
         return Usage(
             name=self.name,
             subject=subject_text(subject),
@@ -205,6 +205,7 @@ class LimiterBase:
             blocked=_text(reason) if until else None,
             blocked_for=max(0.0, (until - now) / 1_000_000) if until else 0.0,
             booked=booked,
+            booked_for=max(0.0, (last - now) / 1_000_000) if last else 0.0,
         )
 
     def _error(self, exc: Exception, keys: Sequence[str]) -> Exception:

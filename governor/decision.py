@@ -104,4 +104,8 @@ class Usage:
     blocked_for: float
     """Seconds the manual block still lasts (0.0 when not blocked)."""
     booked: int = 0
-    """Bookings held for the future (sliding_log, gcra), counted in units of cost."""
+    """Bookings held for the future (sliding_log, gcra), counted in units of cost. The sliding
+    log keeps only its newest stamps (as many as the largest limit), so it counts at most that
+    many: :attr:`booked_for` tells how far the bookings reach."""
+    booked_for: float = 0.0
+    """Seconds until the last booking held starts (0.0 when none)."""

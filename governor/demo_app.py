@@ -1,5 +1,5 @@
 """The Celery app ``governor demo`` runs on its worker nodes (part of the package, so the demo
-works after a plain ``pip install 'governor[demo]'``). Configured from the environment:
+works after a plain ``pip install -e '.[demo]'``). Configured from the environment:
 
 =========================  ===================================================================
 variable                   meaning

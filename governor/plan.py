@@ -29,6 +29,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .algorithms import get_algorithm
 from .errors import ConfigError, CostError
 from .rules import Rule, RuleSpec, parse_rules
 
@@ -38,6 +39,7 @@ _US = 1_000_000
 
 
 def _check(rules: tuple[Rule, ...], jobs: int, cost: int) -> None:
+    get_algorithm("sliding_log").check(rules)  # the plan is the sliding log's: same rules
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise ConfigError(f"jobs must be a whole number >= 0, got {jobs!r}")
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:

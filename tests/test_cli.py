@@ -119,6 +119,7 @@ def test_plan_json_and_clock_times() -> None:
         (["1/s", "--jobs", "0"], "--jobs"),
         (["1/s", "--jobs", "3", "--start", "soon"], "is not a time"),
         (["1/s", "--jobs", "3", "--start", "2025-01-01", "--now"], "not both"),
+        (["30000/m", "--jobs", "5"], "the sliding log allows at most 20000"),
     ],
 )
 def test_plan_bad_input(args: list[str], message: str) -> None:
@@ -171,7 +172,11 @@ def test_inspect_with_rules(url: str, prefix: str, r: redis.Redis) -> None:
     api.reserve("c1")  # full: the third is booked a second later
     full = gov(url, prefix, "inspect", "partner-api", "c1", "--rules", "2/s, 10/m")
     assert full.exit_code == 1  # denied now
-    assert "bookings: 1 held" in full.stdout and "admits one more now: no" in full.stdout
+    assert "bookings: held up to" in full.stdout and "admits one more now: no" in full.stdout
+    booked = data(
+        gov(url, prefix, "inspect", "partner-api", "c1", "--rules", "2/s, 10/m", "--json")
+    )
+    assert booked["booked"] == 1 and 0.5 < booked["booked_for"] <= 1.1
     assert "2/s" in full.stdout and "10/m" in full.stdout
 
 
@@ -226,10 +231,22 @@ def test_reset_asks_first(url: str, prefix: str, r: redis.Redis) -> None:
     usage = api.usage("c1")
     assert usage.rules[1].used == 0 and usage.blocked is not None  # a block stays
 
+    api.unblock("c1")
     api.acquire("c1")
     j = data(gov(url, prefix, "reset", "partner-api", "c1", "--yes", "--json"))
-    assert j == {"name": "partner-api", "subject": "c1", "reset": True}
+    assert j == {"name": "partner-api", "subject": "c1", "reset": True, "keys": 1}
     assert api.usage("c1").rules[1].used == 0
+
+
+def test_a_name_redis_never_saw_is_pointed_out(url: str, prefix: str, r: redis.Redis) -> None:
+    """Without -A governor cannot check limit names: a typo is pointed out, not silently used."""
+    Limiter(r, "5/s", name="partner-api", prefix=prefix).acquire("c1")
+    typo = gov(url, prefix, "block", "partner-apl", "c1", "--for", "5s")
+    assert typo.exit_code == 0 and "Redis holds nothing for limit 'partner-apl'" in typo.stderr
+    known = gov(url, prefix, "block", "partner-api", "c2", "--for", "5s")
+    assert known.exit_code == 0 and "Warning" not in known.stderr
+    nothing = gov(url, prefix, "reset", "partner-apx", "c1", "--yes")
+    assert "Nothing to reset" in nothing.stdout and "Warning" in nothing.stderr
 
 
 # -- Redis trouble ------------------------------------------------------------------------------
@@ -262,6 +279,15 @@ def test_bad_redis_url_and_masked_password() -> None:
     result = invoke("--redis-url", "redis://:s3cret@127.0.0.1:1/0", "status")
     assert result.exit_code == 3 and "s3cret" not in result.output and "***" in result.stderr
     assert mask_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+
+
+def test_a_bad_database_in_the_redis_url(url: str) -> None:
+    base = url.rsplit("/", 1)[0]
+    word = invoke("--redis-url", f"{base}/abc", "status")
+    assert word.exit_code == 2 and "the database must be a number, got 'abc'" in word.stderr
+    far = invoke("--redis-url", f"{base}/99", "status")
+    assert far.exit_code == 2 and "no such database" in far.stderr
+    no_traceback(far)
 
 
 def test_redis_url_from_the_environment(url: str, prefix: str, r: redis.Redis) -> None:
@@ -343,6 +369,13 @@ def test_top_once_and_frames(url: str, prefix: str, r: redis.Redis) -> None:
     assert "0.00" in frames.stdout  # the second frame has rates
     assert "rules unknown" in invoke("--redis-url", url, "--prefix", prefix, "top", "--once").stdout
 
+    lines = invoke("top", "--json", "--frames", "2", "--interval", "0.05", obj=app)
+    assert lines.exit_code == 0, lines.output
+    first, second = (json.loads(line) for line in lines.stdout.splitlines())
+    emails = next(lim for lim in second["limits"] if lim["label"] == "queue:emails")
+    assert emails["subjects"][0]["rules"][0]["used"] == 1 and emails["subjects"][0]["rate"] == 0
+    assert first["limits"][0]["subjects"][0]["rate"] is None  # no rate on the first frame
+
 
 def test_rates_come_from_successive_samples() -> None:
     rates = Rates()
@@ -364,6 +397,8 @@ def test_app_from_a_module(
         s = data(invoke("-A", spec, "status", "--json"))
         assert [lim["label"] for lim in s["limits"]] == ["queue:emails", "partner-api"]
 
+    no_attr = invoke("-A", f"{module}:nope", "status")
+    assert no_attr.exit_code == 2 and f"module {module!r} has no attribute 'nope'" in no_attr.stderr
     missing = invoke("-A", "no_such_module_xyz", "status")
     assert missing.exit_code == 2 and "no module named 'no_such_module_xyz'" in missing.stderr
     no_traceback(missing)
@@ -498,3 +533,12 @@ def test_submit_books_a_batch(redis_server: Any, tmp_path: Any) -> None:
     assert result.exit_code == 2 and "line 1" in result.output
     result = CliRunner().invoke(cli, ["submit", "cli.nope", str(calls)], obj=app)
     assert result.exit_code == 2 and "unknown task" in result.output
+    # a call the task cannot take (line 3 of 3) stops the batch before anything is sent
+    broker = redis.Redis.from_url(f"{base}/1")
+    queued = broker.llen(queue)
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text("[1]\n[2]\n[]\n")
+    result = CliRunner().invoke(cli, ["submit", "cli.sub", str(wrong)], obj=app)
+    assert result.exit_code == 2, result.output
+    assert "line 3 of CALLS" in result.output and "Nothing was sent" in result.output
+    assert "Traceback" not in result.output and broker.llen(queue) == queued

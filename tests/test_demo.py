@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -220,10 +221,12 @@ def test_every_cli_command_works_against_a_running_demo(tmp_path: Path) -> None:
     demo.watch(time.monotonic() + 40, stop_when="(or status")
     err = demo.err.read_text()
     assert demo.proc.poll() is None, err
-    hint = re.search(r"governor (--redis-url \S+ --prefix \S+) top", err)
-    assert hint, err
-    base = [sys.executable, "-m", "governor.cli", *hint[1].split()]
+    export = re.search(r"^  export (GOVERNOR_REDIS_URL=.*)$", err, re.M)
+    assert export and "  governor -A governor.demo_app top" in err, err
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOVERNOR_")}
+    env.update(item.split("=", 1) for item in shlex.split(export[1]))
+    assert env["GOVERNOR_DEMO_RULES"] == "5/s", env
+    base = [sys.executable, "-m", "governor.cli", "-A", "governor.demo_app"]
 
     def cli_run(*args: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -241,7 +244,7 @@ def test_every_cli_command_works_against_a_running_demo(tmp_path: Path) -> None:
         for subject in limit["subjects"]
     }
     assert ("task", "governor.demo.call") in found, status.stdout
-    inspect = cli_run("inspect", "task", "governor.demo.call", "--rules", "5/s", "--json")
+    inspect = cli_run("inspect", "task", "governor.demo.call", "--json")  # rules from the app
     assert inspect.returncode in (0, 1), inspect.stderr  # 1: denied right now
     used = json.loads(inspect.stdout)["rules"][0]
     assert used["limit"] == 5 and used["used"] <= 5, used
@@ -249,7 +252,7 @@ def test_every_cli_command_works_against_a_running_demo(tmp_path: Path) -> None:
     assert top.returncode == 0 and "governor.demo.call" in top.stdout, top.stdout
     block = cli_run("block", "task", "governor.demo.call", "--for", "2s", "--reason", "test")
     assert block.returncode == 0, block.stderr
-    blocked = cli_run("inspect", "task", "governor.demo.call", "--rules", "5/s", "--json")
+    blocked = cli_run("inspect", "task", "governor.demo.call", "--json")
     assert blocked.returncode == 1 and json.loads(blocked.stdout)["blocked"], blocked.stdout
     assert cli_run("unblock", "task", "governor.demo.call").returncode == 0
     assert cli_run("reset", "task", "governor.demo.call", "--yes").returncode == 0
@@ -296,4 +299,4 @@ def test_usage_errors_start_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     missing = runner.invoke(cli, ["demo"])
     assert missing.exit_code == 2
-    assert "'rich'" in missing.output and "pip install 'governor[demo]'" in missing.output
+    assert "'rich'" in missing.output and "pip install -e '.[demo]'" in missing.output

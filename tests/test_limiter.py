@@ -351,6 +351,7 @@ def test_a_far_booking_does_not_crowd_the_present(r: redis.Redis, prefix: str) -
     d = lim.reserve("q", now=T0 + 4, tolerance=0.05)  # waits for this minute, not for the hour
     assert d.booked and d.slot and d.slot.start == T0 + 60
     assert lim.usage("q", now=T0 + 4).booked == 2
+    assert lim.usage("q", now=T0 + 4).booked_for == pytest.approx(3596.05)  # the far one's end
     # and the far booking is still honoured: the window around it has room for two more only
     assert [lim.acquire("q", now=T0 + 3600 + 0.01 * i).allowed for i in range(3)] == [
         True,
@@ -424,3 +425,20 @@ def test_glob_characters_in_names_are_listed(r: redis.Redis, prefix: str) -> Non
     lim = Limiter(r, "1/s", name="api[v2]*?\\", prefix=prefix)
     lim.acquire("customer-42")
     assert list(lim.subjects()) == ["customer-42"]
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_log", "gcra"])
+def test_usage_tells_how_far_bookings_reach(r: redis.Redis, prefix: str, algorithm: str) -> None:
+    """A backlog of 20 bookings under 5/s reaches 4-5 s ahead. The sliding log keeps only
+    its newest 5 stamps, so it counts at most 5 bookings, but it knows where the last one is."""
+    lim = make(r, prefix, "5/s", algorithm=algorithm)
+    for _ in range(5):
+        assert lim.acquire("q", now=T0).allowed
+    slots = [lim.reserve("q", now=T0, tolerance=0.0).slot for _ in range(20)]
+    assert all(s is not None for s in slots)
+    last = max(s.start for s in slots if s is not None)
+    usage = lim.usage("q", now=T0)
+    assert usage.booked_for == pytest.approx(last - T0, abs=0.002)
+    assert 3.0 <= usage.booked_for <= 5.0  # 20 more at 5/s, spaced W/N apart
+    assert usage.booked == (5 if algorithm == "sliding_log" else 20)
+    assert lim.usage("fresh", now=T0).booked_for == 0.0

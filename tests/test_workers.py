@@ -384,6 +384,7 @@ def test_nightly_producer_books_every_job_so_none_is_deferred(
     )
     assert proc.returncode == 0, proc.stderr
     assert "enqueued 4 nightly jobs" in proc.stdout
+    assert "DuplicateTaskNameWarning" not in proc.stderr, proc.stderr  # one task, not two
     store = redis.Redis.from_url(example_worker["store"])
     rules = "1/s, 20/m, 200/h, 800/d"
     limiter = Limiter(store, rules, name="task", prefix=example_worker["prefix"])
@@ -413,3 +414,17 @@ def test_nightly_producer_books_every_job_so_none_is_deferred(
         [*cmd[:-1], "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "--jobs must be at least 1" in bad.stderr
+
+
+def test_the_extras_bring_what_the_redis_transport_imports() -> None:
+    """kombu's Redis transport imports ``packaging``, which only ``kombu[redis]`` installs: every
+    extra that brings Celery asks for ``celery[redis]``, so a fresh ``pip install -e '.[demo]'``
+    (or the Dockerfile's ``.[celery,cli]``) can start a worker on Redis."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for name in ("celery", "demo", "test"):
+        celery = [req for req in extras[name] if req.startswith("celery")]
+        assert celery and all(req.startswith("celery[redis]") for req in celery), (name, celery)

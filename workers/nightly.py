@@ -21,6 +21,12 @@ from governor.celery import submit_batch
 
 from .app import app
 
+if __name__ == "__main__":  # run the module the app imported: its task exists once, not twice
+    from workers.nightly import main
+
+    main()
+    raise SystemExit(0)
+
 logger = logging.getLogger(__name__)
 
 
@@ -64,7 +70,3 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--jobs must be at least 1 and --first at least 0")
     sent = enqueue(args.jobs, args.first, booked=not args.unbooked, queue=args.queue)
     print(f"enqueued {sent} nightly jobs (limit 1/s, 20/m, 200/h, 800/d)")
-
-
-if __name__ == "__main__":
-    main()

@@ -22,6 +22,12 @@ from typing import Any
 
 from .app import app, governor
 
+if __name__ == "__main__":  # run the module the app imported: its task exists once, not twice
+    from workers.partner_api import main
+
+    main()
+    raise SystemExit(0)
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,7 +35,7 @@ logger = logging.getLogger(__name__)
     "5/s, 200/h",
     key=lambda customer_id, **_: customer_id,
     limit_name="partner-api",
-    name="workers.partner_api.call_partner",  # the same name when run as __main__
+    name="workers.partner_api.call_partner",
 )
 def call_partner(customer_id: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """Send ``payload`` to the partner API on behalf of ``customer_id``.
@@ -60,7 +66,3 @@ def main(argv: list[str] | None = None) -> None:
     customers = [c.strip() for c in args.customers.split(",") if c.strip()]
     sent = enqueue(customers, args.calls)
     print(f"enqueued {sent} partner-API calls for {', '.join(customers)} (5/s each)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Prometheus metrics for governed Celery workers (``pip install "governor[prometheus]"``).
+"""Prometheus metrics for governed Celery workers (the ``prometheus`` extra).
 
 Turn them on with ``app.conf.governor_metrics_port = 9808`` (and ``governor_metrics_addr``,
 default ``"0.0.0.0"``): every worker then serves ``http://<host>:9808/metrics`` from its main
@@ -118,7 +118,8 @@ try:
     from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
-        'governor metrics need prometheus-client: pip install "governor[prometheus]"'
+        "governor metrics need prometheus-client (the prometheus extra): "
+        "pip install prometheus-client"
     ) from exc
 
 from celery import signals as celery_signals

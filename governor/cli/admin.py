@@ -25,7 +25,7 @@ from .common import (
     format_time,
     pass_state,
 )
-from .limits import LimitEntry, resolve
+from .limits import LimitEntry, glob_escape, has_state, resolve
 
 __all__ = ["block", "reset", "unblock"]
 
@@ -34,7 +34,15 @@ _rules = click.option("--rules", help="The limiter's rules (checked; not needed 
 
 
 def _entry(state: State, name: str, subject: str, rules: str | None) -> LimitEntry:
-    return resolve(state, name, subject, rules) or LimitEntry("given", name, None, subject)
+    entry = resolve(state, name, subject, rules)
+    if entry is None and rules is None and not has_state(state, name):
+        # without an app governor cannot check the name: a typo must not pass unnoticed
+        click.echo(
+            f"Warning: Redis holds nothing for limit {name!r} (prefix {state.prefix!r}): is the "
+            "name right? Pass -A APP to check names against the app's limits.",
+            err=True,
+        )
+    return entry or LimitEntry("given", name, None, subject)
 
 
 @click.command()
@@ -125,8 +133,7 @@ def reset(
     state_key, block_key = Limiter(
         state.client, (Rule(1, 1.0),), name=name, prefix=state.prefix
     ).keys(subject)
-    head = state_key.rsplit(":", 1)[0] + ":"
-    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in head) + "*"
+    pattern = glob_escape(state_key.rsplit(":", 1)[0] + ":") + "*"
     doomed = [
         k
         for k in state.client.scan_iter(match=pattern, count=1000)
@@ -135,6 +142,8 @@ def reset(
     if doomed:
         state.client.delete(*doomed)
     if as_json:
-        echo_json({"name": name, "subject": subject, "reset": True})
-    else:
+        echo_json({"name": name, "subject": subject, "reset": True, "keys": len(doomed)})
+    elif doomed:
         click.echo(f"Reset {name} {subject}.")
+    else:
+        click.echo(f"Nothing to reset: Redis holds no counts for {name} {subject}.")

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import click
 import redis
@@ -181,6 +182,13 @@ class State:
     def client(self) -> redis.Redis:
         """The Redis client, made on first use (``plan`` never makes one)."""
         if self._client is None:
+            parts = urlsplit(self.redis_url)
+            path = parts.path.strip("/")
+            if parts.scheme in ("redis", "rediss") and path and not path.isdigit():
+                raise CliError(
+                    f"bad Redis URL {mask_url(self.redis_url)!r} ({self.redis_url_from}): the "
+                    f"database must be a number, got {path!r} (e.g. redis://localhost:6379/0)"
+                )
             try:
                 self._client = redis.Redis.from_url(
                     self.redis_url, socket_connect_timeout=3.0, socket_timeout=10.0
@@ -231,6 +239,12 @@ def user_errors() -> Iterator[None]:
         code = EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
         raise CliError(str(exc), code) from None
     except RedisError as exc:
+        if "DB index is out of range" in str(exc):
+            state = click.get_current_context().find_object(State)
+            where = f" {mask_url(state.redis_url)!r}" if state else ""
+            raise CliError(
+                f"bad Redis URL{where}: that server has no such database ({exc})", EXIT_USAGE
+            ) from None
         raise CliError(f"Redis answered with an error: {exc}", EXIT_FAILED) from None
 
 
@@ -274,7 +288,11 @@ class GovernorGroup(click.Group):
 
 def _unavailable(name: str, exc: ImportError) -> click.Command:
     missing = exc.name or str(exc)
-    hint = "pip install 'governor[cli]'" if missing.startswith("rich") else f"install {missing}"
+    hint = (
+        "install governor's cli extra (pip install -e '.[cli]')"
+        if missing.startswith("rich")
+        else f"install {missing}"
+    )
 
     def fail() -> None:
         raise CliError(f"'governor {name}' needs {missing!r}, which is not installed: {hint}")

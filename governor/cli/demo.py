@@ -2,7 +2,7 @@
 
 ::
 
-    $ pip install 'governor[demo]'
+    $ pip install -e '.[demo]'        # in a clone of governor
     $ governor demo                                      # 240 tasks under "20/s, 300/m"
     $ governor demo --rules "10/s" --tasks 60 --duration 10 --json
     $ governor demo --redis-url redis://localhost:6379/0  # a real server instead of a private one
@@ -32,6 +32,7 @@ import contextlib
 import importlib.util
 import json
 import secrets
+import shlex
 import shutil
 import tempfile
 import time
@@ -168,7 +169,7 @@ def demo(
 
     Starts a private Redis and two `celery worker` nodes, floods tasks through one global
     limit, shows the admitted rate live, prints a summary, and stops everything it started
-    (also on Ctrl-C). Needs the demo extra: pip install 'governor[demo]'.
+    (also on Ctrl-C). Needs the demo extra (pip install -e '.[demo]').
 
     Exit codes: 0 every task ran within the limit; 1 some did not run in time, a window went
     over, or a worker failed; 2 usage; 3 Redis unreachable; 130 interrupted.
@@ -201,7 +202,11 @@ def demo(
         except KeyboardInterrupt:
             pass
         finally:
-            _status(f"stopping {len(cluster.workers)} worker nodes and Redis...", as_json)
+            parts = [f"{len(cluster.workers)} worker nodes"] if cluster.workers else []
+            if cluster.embedded is not None:
+                parts.append("the private Redis")
+            if parts:
+                _status(f"stopping {' and '.join(parts)}...", as_json)
             cluster.stop()
             shutil.rmtree(workdir, ignore_errors=True)
     if lost is not None and not signals_seen:
@@ -250,7 +255,7 @@ def _run(
             as_json,
         )
     cluster.start_redis()
-    _status(f"started {cluster.redis_label}", as_json)
+    _status(f"{'using' if cluster.given_url else 'started'} {cluster.redis_label}", as_json)
     cluster.start_workers()
     cluster.wait_ready()
     _status(
@@ -259,9 +264,15 @@ def _run(
         f"flooding {tasks} tasks under {', '.join(r.text for r in rules)}",
         as_json,
     )
+    env = {
+        "GOVERNOR_REDIS_URL": mask_url(cluster.store_url),
+        "GOVERNOR_PREFIX": cluster.prefix,
+        "GOVERNOR_DEMO_RULES": ", ".join(r.text for r in rules),
+    }
     _status(
-        "from another terminal, while it runs:\n"
-        f"  governor --redis-url {mask_url(cluster.store_url)} --prefix {cluster.prefix} top\n"
+        "from another terminal, while it runs (the demo's app reads these):\n"
+        f"  export {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())}\n"
+        "  governor -A governor.demo_app top\n"
         f"  (or status, inspect task {TASK}, block task {TASK} --for 5s, unblock ...)",
         as_json,
     )

@@ -29,7 +29,7 @@ CONCURRENCY = 2
 TASK = "governor.demo.call"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
-INSTALL_HINT = "pip install 'governor[demo]'"
+INSTALL_HINT = "install governor's demo extra (pip install -e '.[demo]' in its clone)"
 
 # -- processes ------------------------------------------------------------------------------
 
@@ -51,6 +51,10 @@ def _parent_death_signal() -> Callable[[], None] | None:
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
     return die_with_parent
+
+
+DEADLINES = "_kombu.binding_deadlines"
+"""A key kombu's Redis transport keeps for every app on the server (no TTL)."""
 
 
 class Cluster:
@@ -79,6 +83,7 @@ class Cluster:
         self.store_url = ""
         self._client: redis.Redis | None = None
         self.redis_pid: int | None = None
+        self._had_deadlines = True
         self.redis_label = ""
         """Where Redis runs, for people: "private Redis on 127.0.0.1:PORT" or the masked URL."""
 
@@ -89,6 +94,7 @@ class Cluster:
             self.broker_url = self.store_url = self.given_url
             self.redis_label = mask_url(self.given_url)
             self._ping()
+            self._had_deadlines = bool(self.client.exists(DEADLINES))
             return
         try:
             server = EmbeddedRedis(prefer_bundled=True)
@@ -266,6 +272,8 @@ class Cluster:
             keys = list(client.scan_iter(match=f"{self.prefix}*", count=1000))
             # kombu's binding tables of the demo's queue (named after it: its exchange)
             keys += [f"_kombu.binding.{self.queue}", f"_kombu.binding_permanent.{self.queue}"]
+            if not self._had_deadlines:  # kombu's, shared by every app: only if the demo made it
+                keys.append(DEADLINES)
             for i in range(0, len(keys), 500):
                 client.delete(*keys[i : i + 500])
 

@@ -97,7 +97,14 @@ def inspect_command(
             )
         else:
             out.print("block:    none")
-        out.print(f"bookings: {u.booked} held (units booked for future starts)")
+        if u.booked_for > 0:
+            until = format_time(u.now + u.booked_for)
+            out.print(
+                f"bookings: held up to {format_duration(u.booked_for)} ahead (the last starts "
+                f"at {until})"
+            )
+        else:
+            out.print(f"bookings: {u.booked} held")
         verdict = "[green]yes[/]" if s.admits else "[red]no[/]"
         out.print(f"admits one more now: {verdict}")
     if not s.admits:

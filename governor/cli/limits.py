@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..algorithms import ALGORITHMS
 from ..decision import Usage
-from ..keys import parse_key
+from ..keys import escape, parse_key
 from ..limiter import Limiter
 from ..rules import Rule
 from .common import CliError, State
@@ -139,9 +139,20 @@ def load_app(spec: str) -> Any:
     try:
         from celery.app.utils import find_app
     except ImportError:
-        raise CliError("-A needs Celery: pip install 'governor[celery]'") from None
+        raise CliError(
+            "-A needs Celery: install governor's celery extra (pip install -e '.[celery]')"
+        ) from None
+    module, colon, attr = spec.partition(":")
     try:
+        if colon:  # module:attr: say which of the two is missing
+            found = importlib.import_module(module)
+            if not hasattr(found, attr):
+                raise CliError(
+                    f"cannot load Celery app {spec!r}: module {module!r} has no attribute {attr!r}"
+                )
         return find_app(spec)
+    except CliError:
+        raise
     except ModuleNotFoundError as exc:
         raise CliError(
             f"cannot load Celery app {spec!r}: no module named {exc.name!r}. Run from the "
@@ -213,9 +224,20 @@ def configured_limits(app: Any, settings: Settings) -> list[LimitEntry]:
     return out
 
 
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def has_state(state: State, name: str) -> bool:
+    """Whether Redis holds anything (state or a block) for any subject of limiter ``name``."""
+    pattern = glob_escape(f"{state.prefix}:{{{escape(name)}:") + "*"
+    return next(iter(state.client.scan_iter(match=pattern, count=1000)), None) is not None
+
+
 def found_limits(state: State) -> list[tuple[LimitEntry, list[str]]]:
     """Limiters seen in Redis under the prefix (SCAN), with their subjects."""
-    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in f"{state.prefix}:{{") + "*"
+    pattern = glob_escape(f"{state.prefix}:{{") + "*"
     subjects: dict[str, dict[str, None]] = {}
     algorithms: dict[str, set[str]] = {}
     for raw in state.client.scan_iter(match=pattern, count=1000):
@@ -288,8 +310,10 @@ def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState
     algorithm = entry.algorithms[0] if entry.algorithms else None
     # the sliding log's view: blocks are shared by every algorithm; its bookings need no rules
     usage = entry.limiter(state, "sliding_log").usage(subject)
-    booked = usage.booked if algorithm == "sliding_log" else None
-    return SubjectState(subject, algorithm, replace(usage, rules=(), booked=0), booked)
+    log = algorithm == "sliding_log"
+    booked = usage.booked if log else None
+    usage = replace(usage, rules=(), booked=0, booked_for=usage.booked_for if log else 0.0)
+    return SubjectState(subject, algorithm, usage, booked)
 
 
 def snapshot(

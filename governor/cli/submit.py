@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import click
 
-from .common import CliError, State, echo_json, format_time, pass_state
+from .common import EXIT_FAILED, CliError, State, echo_json, format_time, pass_state
 
 __all__ = ["submit"]
 
 
-def read_calls(stream: IO[str]) -> Iterator[tuple[list[Any], dict[str, Any]]]:
+Call = tuple[int, list[Any], dict[str, Any]]
+
+
+def read_calls(stream: IO[str]) -> Iterator[Call]:
+    """(line number, args, kwargs) for each call in a JSON Lines stream."""
     for number, line in enumerate(stream, 1):
         line = line.strip()
         if not line:
@@ -36,12 +40,12 @@ def read_calls(stream: IO[str]) -> Iterator[tuple[list[Any], dict[str, Any]]]:
         except ValueError as exc:
             raise CliError(f"line {number} of CALLS is not JSON: {exc}") from None
         if isinstance(call, list):
-            yield call, {}
+            yield number, call, {}
         elif isinstance(call, dict) and set(call) <= {"args", "kwargs"}:
             args, kwargs = call.get("args", []), call.get("kwargs", {})
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise CliError(f"line {number} of CALLS: args must be a list, kwargs an object")
-            yield args, kwargs
+            yield number, args, kwargs
         else:
             raise CliError(
                 f'line {number} of CALLS: expected [args...] or {{"args": [...], '
@@ -74,38 +78,31 @@ def submit(state: State, task_name: str, calls: IO[str], start_in: float, as_jso
             f"unknown task {task_name!r}; the app has: "
             f"{', '.join(sorted(t for t in app.tasks if not t.startswith('celery.')))}"
         )
-    from ..celery import submit_batch
-
     task = app.tasks[task_name]
     items = list(read_calls(calls))
-    signatures = (task.s(*args, **kwargs) for args, kwargs in items)
+    for call in items:  # every call is checked before the first is sent
+        check_call(app, task, call)
+    signatures = (task.s(*args, **kwargs) for _, args, kwargs in items)
     last: list[float] = []
+    sent = [0]
 
     def note(done: int, due: float | None) -> None:
+        sent[0] = done
         if due is not None:
             last.append(due)
 
     started = time.time()
-    if as_json or not items:
-        submit_batch(signatures, start_in=start_in, progress=note)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        with Progress(
-            TextColumn("[bold]booking"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[due]}"),
-            transient=False,
-        ) as bar:
-            job = bar.add_task("submit", total=len(items), due="")
-
-            def show(done: int, due: float | None) -> None:
-                note(done, due)
-                label = f"last due {format_time(due)}" if due is not None else ""
-                bar.update(job, completed=done, due=label)
-
-            submit_batch(signatures, start_in=start_in, progress=show)
+    try:
+        _submit_all(items, signatures, start_in, as_json, note)
+    except Exception as exc:
+        if not sent[0]:  # nothing went out: the usual error, and exit code
+            raise
+        line = items[sent[0]][0] if sent[0] < len(items) else items[-1][0]
+        raise CliError(
+            f"{sent[0]} of {len(items)} calls were sent; the call on line {line} failed: "
+            f"{exc}. Submit the lines from {line} on again once it is fixed",
+            EXIT_FAILED,
+        ) from None
     summary = {
         "task": task_name,
         "calls": len(items),
@@ -122,3 +119,57 @@ def submit(state: State, task_name: str, calls: IO[str], start_in: float, as_jso
             f"{summary['seconds_to_submit']}s; the last one runs at "
             f"{summary['last_due_iso'] or 'once admitted'}"
         )
+
+
+def check_call(app: Any, task: Any, call: Call) -> None:
+    """Fail on a call the task cannot take (its signature, its key or cost function), naming
+    the line: before anything is sent."""
+    from ..celery.app import Governor
+    from ..celery.limits import key_spec
+
+    number, args, kwargs = call
+    try:
+        header = getattr(task, "__header__", None)  # what apply_async checks (Task.typing)
+        if getattr(task, "typing", True) and header is not None:
+            header(*args, **kwargs)
+        gate = Governor.of(app).gate
+        config = gate.options(task).key_config
+        if config is not None:
+            key_spec(task, config, tuple(args), kwargs)
+        gate.cost(task, tuple(args), kwargs)
+    except Exception as exc:
+        raise CliError(
+            f"line {number} of CALLS: {task.name} cannot take {json.dumps(args)[:60]} "
+            f"{json.dumps(kwargs)[:60] if kwargs else ''}: {exc}. Nothing was sent"
+        ) from None
+
+
+def _submit_all(
+    items: list[Call],
+    signatures: Iterator[Any],
+    start_in: float,
+    quiet: bool,
+    note: Callable[[int, float | None], None],
+) -> None:
+    from ..celery import submit_batch
+
+    if quiet or not items:
+        submit_batch(signatures, start_in=start_in, progress=note)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn("[bold]booking"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[due]}"),
+        transient=False,
+    ) as bar:
+        job = bar.add_task("submit", total=len(items), due="")
+
+        def show(done: int, due: float | None) -> None:
+            note(done, due)
+            label = f"last due {format_time(due)}" if due is not None else ""
+            bar.update(job, completed=done, due=label)
+
+        submit_batch(signatures, start_in=start_in, progress=show)

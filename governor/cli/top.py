@@ -5,6 +5,7 @@
     $ governor -A proj top                   # Ctrl-C to quit
     $ governor -A proj top --once            # one frame, e.g. for a cron mail or a test
     $ governor -A proj top --frames 3 --interval 0.5 | less
+    $ governor -A proj top --json --frames 10  # JSON Lines: status --json plus rates, per frame
 
 Per limit and subject: used/limit of every rule and a rate. The rate is what Redis can tell
 honestly: the change per second, between two samples, of the units the longest rule counts
@@ -15,7 +16,9 @@ they are not shown here: the workers count them (``governor_deferred_total`` in
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import click
 from rich import box
@@ -26,7 +29,7 @@ from rich.text import Text
 
 from .common import State, format_duration, mask_url, pass_state
 from .limits import LimitState, SubjectState, all_limits
-from .views import bar, console, state_text
+from .views import bar, console, limit_json, state_text
 
 __all__ = ["Rates", "top"]
 
@@ -107,6 +110,19 @@ def frame(state: State, limits: list[LimitState], rates: Rates, interval: float)
     return Group(head, table, note)
 
 
+def frame_json(limits: list[LimitState], rates: Rates) -> dict[str, Any]:
+    """One frame for scripts: each limit as ``status --json`` gives it, each subject with its
+    rate (None on the first frame)."""
+    out = []
+    for ls in limits:
+        item = limit_json(ls)
+        for subject, s in zip(item["subjects"], ls.subjects):
+            rate = rates.of(ls.entry.label, s)
+            subject["rate"] = None if rate is None else round(rate, 3)
+        out.append(item)
+    return {"time": time.time(), "limits": out}
+
+
 @click.command()
 @click.option(
     "--interval",
@@ -125,11 +141,23 @@ def frame(state: State, limits: list[LimitState], rates: Rates, interval: float)
     show_default=True,
     help="Subjects shown per per-key limit (the fullest).",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object per frame.")
 @pass_state
-def top(state: State, interval: float, once: bool, frames: int | None, max_subjects: int) -> None:
+def top(
+    state: State, interval: float, once: bool, frames: int | None, max_subjects: int, as_json: bool
+) -> None:
     """Live usage per configured limit (Ctrl-C to quit)."""
     total = 1 if once else frames
     rates = Rates()
+    if as_json:  # JSON Lines, one object per frame
+        count = 0
+        while total is None or count < total:
+            if count:
+                time.sleep(interval)
+            limits, _ = all_limits(state, max_subjects)
+            click.echo(json.dumps(frame_json(limits, rates)), nl=True)
+            count += 1
+        return
     out = console()
 
     def render() -> Group:

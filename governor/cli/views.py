@@ -72,7 +72,9 @@ def state_text(s: SubjectState) -> Text:
             parts.append((f"full: next in {format_duration(wait)}", "red"))
     else:
         parts.append(("not blocked", "dim"))
-    if s.booked:
+    if u.booked_for > 0:
+        parts.append((f"booked up to {format_duration(u.booked_for)} ahead", "cyan"))
+    elif s.booked:
         parts.append((f"{s.booked} booked", "cyan"))
     text = Text()
     for i, (part, style) in enumerate(parts):
@@ -85,7 +87,8 @@ def state_text(s: SubjectState) -> Text:
 def limit_table(ls: LimitState) -> Table:
     """One limit: a row per subject and rule (bars), or per subject when the rules are unknown."""
     table = Table(box=None, pad_edge=False)
-    table.add_column("subject", overflow="fold")
+    longest = max((len(s.subject) for s in ls.subjects), default=7)
+    table.add_column("subject", overflow="fold", min_width=min(40, longest))  # fold only if huge
     if ls.entry.config is None:
         table.add_column("state")
         for s in ls.subjects:
@@ -149,6 +152,7 @@ def subject_json(s: SubjectState) -> dict[str, Any]:
         "block_reason": u.blocked,
         "blocked_for": json_number(u.blocked_for),
         "booked": s.booked,
+        "booked_for": json_number(u.booked_for),
         "now": u.now,
     }
 

@@ -17,7 +17,8 @@
 --    reset_after_us now_us slot_start_us slot_end_us block_reason" (the reason last: it may hold
 --   spaces). One bulk reply parses much faster in clients than a nine-element array.
 -- Usage reply: {now_us, block_until_us (0 = none), block_reason, booked (future bookings held),
---   then per rule: used, retry_us, reset_us}. Refund reply: 1.
+--   booked_until_us (when the last booking held starts; 0 = none), then per rule: used,
+--   retry_us, reset_us}. Refund reply: 1.
 local op = ARGV[2]
 local now = tonumber(ARGV[3])
 -- With a caller's clock, Redis expiry (which runs on real time) cannot follow it: keys then live
@@ -85,9 +86,9 @@ local function blocked_reply(untl, reason)
   return decision(0, untl - now, -1, 0, untl - now, 0, 0, reason)
 end
 
-local function usage_reply(per_rule, booked)
+local function usage_reply(per_rule, booked, booked_until)
   local untl, reason = read_block()
-  local out = {now, untl or 0, reason or '', booked or 0}
+  local out = {now, untl or 0, reason or '', booked or 0, booked_until or 0}
   for i = 1, #per_rule do out[#out + 1] = per_rule[i] end
   return out
 end

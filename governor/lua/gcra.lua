@@ -76,11 +76,13 @@ if op == 'usage' then
     per[#per + 1] = backlog
   end
   -- bookings: emissions scheduled beyond what a full burst allows now
-  local booked = 0
+  -- (the last booking started at tat - B: the earliest moment its rule had room for it)
+  local booked, last = 0, 0
   for i = 1, n do
     booked = math.max(booked, math.ceil((tat[i] - now - B[i]) / T[i]))
+    if tat[i] - B[i] > now then last = math.max(last, tat[i] - B[i]) end
   end
-  return usage_reply(per, booked)
+  return usage_reply(per, booked, last)
 end
 
 if op == 'refund' then

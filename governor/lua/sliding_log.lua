@@ -196,8 +196,10 @@ if op == 'usage' then
     per[#per + 1] = e and math.max(0, e + win[i] - now) or 0
     per[#per + 1] = head and math.max(0, head + win[i] - now) or 0
   end
-  -- bookings are the stamps after now (an admission is stamped at most 1 ms ahead)
-  return usage_reply(per, above(now + 1000, false))
+  -- bookings are the stamps after now (an admission is stamped at most 1 ms ahead); the log
+  -- keeps the newest max-limit stamps, so it counts at most that many, but its head is the last
+  local last = (head and head > now + 1000) and head or 0
+  return usage_reply(per, above(now + 1000, false), last)
 end
 
 if op == 'refund' then
