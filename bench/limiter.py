@@ -44,6 +44,15 @@ def throughput(client: redis.Redis, calls: int, rounds: int) -> list[list[object
         for label, rules in (("1", ONE), ("4", FOUR)):
             lim = Limiter(client, rules, algorithm=algorithm, name=f"b-{algorithm}-{label}")
             cases.append((algorithm, label, lambda i, lim=lim: lim.acquire(subjects[i % SUBJECTS])))
+    # the same decisions through redis-py's execute_command (see governor.direct)
+    via = Limiter(client, FOUR, name="b-client-4", direct=False)
+    cases.append(
+        (
+            "sliding_log via the client (direct=False)",
+            "4",
+            lambda i: via.acquire(subjects[i % SUBJECTS]),
+        )
+    )
     # what peers do: one call per rule, looped (4 round trips)
     looped = [Limiter(client, rule, name=f"b-loop-{n}") for n, rule in enumerate(FOUR.split(","))]
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .core import Call, LimiterBase
 from .decision import Decision, Slot, Usage
+from .direct import Lane, lane_for
 from .keys import Subject, parse_key
+from .rules import RuleSpec
 from .scripts import LuaScript
 
 __all__ = ["Limiter"]
@@ -26,11 +30,43 @@ class Limiter(LimiterBase):
 
     ``client`` is any redis-py client (``Redis``, ``RedisCluster``, a Sentinel master). Every
     call takes one round trip. ``now`` (Unix seconds) replaces Redis ``TIME`` for tests and replay.
+    With a plain ``Redis`` client, decisions go over a lean connection per thread made with the
+    client's settings (:mod:`governor.direct`); ``direct=False`` sends them through the client.
     """
+
+    def __init__(
+        self,
+        client: Any,
+        rules: RuleSpec,
+        *,
+        algorithm: str = "sliding_log",
+        name: str,
+        prefix: str = "governor",
+        precision: int | None = None,
+        direct: bool = True,
+    ) -> None:
+        super().__init__(
+            client, rules, algorithm=algorithm, name=name, prefix=prefix, precision=precision
+        )
+        self.direct = direct
+        self._lane_of: tuple[Any, Lane | None] = (None, None)
+
+    def _lane(self) -> Lane | None:
+        client, lane = self._lane_of
+        if client is not self.client:  # made once per client (the attribute may be replaced)
+            lane = lane_for(self.client) if self.direct else None
+            self._lane_of = (self.client, lane)
+        return lane
 
     def _eval(self, script: LuaScript, call: Call) -> Any:
         keys, args = call
+        lane = self._lane() if script is self._script else None  # decisions, not blocks
         try:
+            if lane is not None:
+                try:
+                    return lane.evalsha(script.sha, keys, args)
+                except (NoScriptError, RedisConnectionError, RedisTimeoutError, OSError):
+                    pass  # script cache flushed, or a broken connection: the client's path
             try:
                 return self.client.evalsha(script.sha, len(keys), *keys, *args)
             except NoScriptError:

@@ -1,0 +1,112 @@
+"""The lean lane to Redis (governor.direct) against real servers: same answers, threads, forks,
+restarts, and the clients that must keep the client's own path."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from conftest import ServerHandle
+from governor import Limiter
+from governor.direct import lane_for
+from governor.embedded import EmbeddedRedis
+
+T0 = 1_700_000_000.0
+
+
+def test_a_plain_client_takes_the_lane_and_gets_the_same_answers(
+    r: redis.Redis, prefix: str
+) -> None:
+    lean = Limiter(r, "3/s, 5/m", name="lean", prefix=prefix)
+    plain = Limiter(r, "3/s, 5/m", name="plain", prefix=prefix, direct=False)
+    assert lean._lane() is not None and plain._lane() is None
+    for i in range(12):
+        now = T0 + 0.25 * i
+        a, b = lean.acquire("s", now=now), plain.acquire("s", now=now)
+        assert (a.allowed, a.retry_after, a.remaining, a.rule) == (
+            b.allowed,
+            b.retry_after,
+            b.remaining,
+            b.rule,
+        )
+    assert lean.usage("s", now=T0 + 3).rules == plain.usage("s", now=T0 + 3).rules
+
+
+def test_clients_that_keep_their_own_path(redis_server: ServerHandle) -> None:
+    url = redis_server.url()
+
+    class Traced(redis.Redis):
+        pass
+
+    assert lane_for(redis.Redis.from_url(url)) is not None
+    assert lane_for(redis.Redis.from_url(url, single_connection_client=True)) is None
+    assert lane_for(Traced.from_url(url)) is None  # it may instrument execute_command
+    blocking = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url))
+    assert lane_for(blocking) is None
+    lim = Limiter(redis.Redis.from_url(url, single_connection_client=True), "1/s", name="x")
+    assert lim.acquire("s", now=T0).allowed and not lim.acquire("s", now=T0).allowed
+
+
+def test_decoded_replies(redis_server: ServerHandle, prefix: str) -> None:
+    client = redis.Redis.from_url(redis_server.url(), decode_responses=True)
+    lim = Limiter(client, "2/s", name="decoded", prefix=prefix)
+    assert lim._lane() is not None
+    assert [lim.acquire("s", now=T0).allowed for _ in range(3)] == [True, True, False]
+    lim.block("s", 10, "why not", now=T0)
+    assert lim.peek("s", now=T0).blocked == "why not"
+
+
+def test_threads_each_get_a_connection_and_the_limit_holds(r: redis.Redis, prefix: str) -> None:
+    lim = Limiter(r, "500/m", name="threads", prefix=prefix)
+    admitted: list[int] = []
+
+    def hammer() -> None:
+        admitted.append(sum(lim.acquire("s", now=T0).allowed for _ in range(200)))
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(admitted) == 500  # 1,600 tries at one instant: exactly the limit
+
+
+def _child(lim: Limiter, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    out.put([lim.acquire("s", now=T0).allowed for _ in range(3)])
+
+
+def test_a_forked_child_opens_its_own_connection(r: redis.Redis, prefix: str) -> None:
+    lim = Limiter(r, "4/s", name="forked", prefix=prefix)
+    assert lim.acquire("s", now=T0).allowed  # the parent's connection exists before the fork
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child, args=(lim, out))
+    child.start()
+    seen = out.get(timeout=20)
+    child.join(timeout=20)
+    assert seen == [True, True, True]
+    assert not lim.acquire("s", now=T0).allowed  # and the parent's still answers, in step
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_restarted_redis_costs_one_slower_call(own_server: EmbeddedRedis) -> None:
+    """The lane's connection dies with the server; the call goes through the client (which
+    reconnects) and the next one opens a new lane connection."""
+    lim = Limiter(redis.Redis.from_url(own_server.url()), "5/s", name="restart")
+    assert lim.acquire("s", now=T0).allowed
+    own_server.stop()
+    own_server.start()
+    assert lim.acquire("s", now=T0).allowed  # state was not kept: a fresh server
+    assert lim.usage("s", now=T0).rules[0].used == 1
