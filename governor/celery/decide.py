@@ -126,7 +126,10 @@ def reserve_all(
     ``not_before``, Unix seconds, which forces a booking)."""
     tol = tolerance
     target: int | None = None if not_before is None else round(not_before * 1e6)
-    for _round in range(len(limiters) + 2):
+    mover: tuple[LimitSpec, Decision] | None = None
+    # Each round only moves the target later, and only as far as bookings others made in the
+    # meantime: it settles within a few rounds even with several workers booking at once.
+    for _round in range(3 * len(limiters) + 6):
         held: Held = []
         moved: int | None = None
         for lim, spec in limiters:
@@ -146,7 +149,7 @@ def reserve_all(
             if target is None and len(held) == 1:
                 target = d.slot.start_us
             elif d.slot.start_us != target:
-                moved = d.slot.start_us
+                moved, mover = d.slot.start_us, (spec, d)
                 break
         if moved is None:
             if all(d.allowed for _, _, d in held):
@@ -169,6 +172,13 @@ def reserve_all(
             )
         refund(held, cost)
         target = moved
-    # Others kept booking ahead of us: wait for the last target without a booking.
+    # Others kept booking ahead of us: wait for the last target without a booking (named after
+    # the limit that kept moving it).
     now = time.time()
-    return Outcome(False, delay=max(0.0, (target or 0) / 1e6 - now), now=now)
+    return Outcome(
+        False,
+        delay=max(0.0, (target or 0) / 1e6 - now),
+        now=now,
+        spec=mover[0] if mover is not None else None,
+        decision=mover[1] if mover is not None else None,
+    )
