@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .core import Call, LimiterBase
 from .decision import Decision, Slot, Usage
-from .direct import Lane, lane_for
+from .direct import Lane, NotSent, lane_for
 from .keys import Subject, parse_key
 from .rules import RuleSpec
 from .scripts import LuaScript
@@ -30,8 +29,8 @@ class Limiter(LimiterBase):
 
     ``client`` is any redis-py client (``Redis``, ``RedisCluster``, a Sentinel master). Every
     call takes one round trip. ``now`` (Unix seconds) replaces Redis ``TIME`` for tests and replay.
-    With a plain ``Redis`` client, decisions go over a lean connection per thread made with the
-    client's settings (:mod:`governor.direct`); ``direct=False`` sends them through the client.
+    With a plain ``Redis`` client, decisions go over lean connections made with the client's
+    settings (:mod:`governor.direct`); ``direct=False`` sends them through the client.
     """
 
     def __init__(
@@ -62,11 +61,13 @@ class Limiter(LimiterBase):
         keys, args = call
         lane = self._lane() if script is self._script else None  # decisions, not blocks
         try:
-            if lane is not None:
+            if lane is not None and time.monotonic() >= lane.rest_until:
                 try:
                     return lane.evalsha(script.sha, keys, args)
-                except (NoScriptError, RedisConnectionError, RedisTimeoutError, OSError):
-                    pass  # script cache flushed, or a broken connection: the client's path
+                except NoScriptError:  # the script cache was flushed
+                    return self.client.eval(script.text, len(keys), *keys, *args)
+                except NotSent:
+                    pass  # nothing reached Redis: the client's path, with its retries
             try:
                 return self.client.evalsha(script.sha, len(keys), *keys, *args)
             except NoScriptError:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 from conftest import ServerHandle
-from governor import Limiter
+from governor import Limiter, StorageUnavailable
 from governor.direct import lane_for
 from governor.embedded import EmbeddedRedis
 
@@ -110,3 +111,39 @@ def test_a_restarted_redis_costs_one_slower_call(own_server: EmbeddedRedis) -> N
     own_server.start()
     assert lim.acquire("s", now=T0).allowed  # state was not kept: a fresh server
     assert lim.usage("s", now=T0).rules[0].used == 1
+
+
+def test_clients_sharing_a_pool_share_a_lane(redis_server: ServerHandle) -> None:
+    pool = redis.ConnectionPool.from_url(redis_server.url())
+    one, two = redis.Redis(connection_pool=pool), redis.Redis(connection_pool=pool)
+    assert lane_for(one) is lane_for(two) is not None
+
+
+def test_a_sent_decision_is_never_sent_twice(own_server: EmbeddedRedis) -> None:
+    """A reply that does not come in time may still come: the script may have run, so the
+    limiter raises instead of sending it again (which would count the call twice)."""
+    client = redis.Redis.from_url(own_server.url(), socket_timeout=0.3)
+    lim = Limiter(client, "5/s", name="once")
+    assert lim.acquire("s", now=T0).allowed  # the script is loaded, a lane connection is open
+    redis.Redis.from_url(own_server.url()).execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+    with pytest.raises(StorageUnavailable):
+        lim.acquire("s", now=T0)
+    time.sleep(1.2)  # the pause ends: the command died with its connection, none was re-sent
+    assert lim.usage("s", now=T0).rules[0].used == 1
+
+
+def test_the_lane_rests_when_redis_cannot_be_reached() -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from governor.direct import REST
+    from governor.embedded import free_port
+
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    lim = Limiter(client, "5/s", name="away")
+    lane = lim._lane()
+    assert lane is not None
+    before = time.monotonic()
+    with pytest.raises(StorageUnavailable):
+        lim.acquire("s")
+    assert lane.rest_until >= before + REST  # the next calls take the client's path only
