@@ -25,6 +25,7 @@ pool's ``max_connections``, and the pool's ``health_check_interval`` does not ap
 from __future__ import annotations
 
 import os
+import select
 import time
 import weakref
 from collections import deque
@@ -62,11 +63,7 @@ class Lane:
             conn = self._idle.pop()
         except IndexError:
             return self._cls(**self._kwargs)
-        try:
-            stale = conn.can_read(timeout=0)  # EOF (closed by the server) or stray bytes
-        except Exception:
-            stale = True
-        if stale:
+        if _readable(conn):  # EOF (closed by the server) or stray bytes: not fit to use
             conn.disconnect()  # the send below connects afresh
         return conn
 
@@ -107,6 +104,25 @@ class Lane:
             raise
         self._idle.append(conn)
         return reply
+
+
+def _readable(conn: Any) -> bool:
+    """Whether an idle connection has something to read (one ``poll``; redis-py's
+    ``can_read`` takes four times as long)."""
+    sock = getattr(conn, "_sock", None)
+    if sock is None:
+        return False
+    try:
+        if _poll is None:
+            return bool(conn.can_read(timeout=0))
+        poller = _poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except Exception:
+        return True
+
+
+_poll = getattr(select, "poll", None)
 
 
 def _bulk(data: bytes) -> bytes:
