@@ -556,31 +556,34 @@ def test_early_deferral_pauses_while_redis_is_down(redis_server: ServerHandle) -
     from governor.embedded import EmbeddedRedis
 
     store = EmbeddedRedis().start()
-    q = queue_name()
-    app = new_app(
-        redis_server.url(),
-        q,
-        governor_queues={q: "1/s"},
-        governor_redis_url=store.url(),
-        governor_socket_timeout=0.5,
-    )
-    governor = Governor(app)
+    try:
+        q = queue_name()
+        app = new_app(
+            redis_server.url(),
+            q,
+            governor_queues={q: "1/s"},
+            governor_redis_url=store.url(),
+            governor_socket_timeout=0.5,
+        )
+        governor = Governor(app)
 
-    @app.task(shared=False)
-    def job() -> None: ...
+        @app.task(shared=False)
+        def job() -> None: ...
 
-    request = SimpleNamespace(
-        id="r1",
-        task=job,
-        revoked=lambda: False,
-        _request_dict={},
-        delivery_info={"routing_key": q},
-    )
-    gate = governor.gate
-    assert gate.defer_early(request) is False  # Redis up, room: the pool admits
-    store.close()
-    started = time.monotonic()
-    assert gate.defer_early(request) is False  # Redis down: left to the pool
-    assert gate.defer_early(request) is False  # and not asked again for a while
-    assert time.monotonic() - started < 1.5
-    assert gate._early_paused_until - time.monotonic() > gate_module.EARLY_PAUSE - 2
+        request = SimpleNamespace(
+            id="r1",
+            task=job,
+            revoked=lambda: False,
+            _request_dict={},
+            delivery_info={"routing_key": q},
+        )
+        gate = governor.gate
+        assert gate.defer_early(request) is False  # Redis up, room: the pool admits
+        store.close()
+        started = time.monotonic()
+        assert gate.defer_early(request) is False  # Redis down: left to the pool
+        assert gate.defer_early(request) is False  # and not asked again for a while
+        assert time.monotonic() - started < 1.5
+        assert gate._early_paused_until - time.monotonic() > gate_module.EARLY_PAUSE - 2
+    finally:
+        store.close()  # idempotent: also when the test closed it
