@@ -32,7 +32,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
 from ..limiter import Limiter
 from . import parking, signals
-from .decide import Held, Outcome, acquire_all, claim_all, refund, reserve_all
+from .decide import LEAD, Held, Outcome, acquire_all, claim_all, refund, reserve_all
 from .limits import (
     LimitSpec,
     call_with_arguments,
@@ -401,10 +401,16 @@ class Gate:
         state.waits += 1
         delay = max(0.0, outcome.delay - (time.monotonic() - outcome.at))
         park = self.settings.park_after is not None and delay > self.settings.park_after
+        # a booked task arrives a little early and closes in on its slot (decide.LEAD)
+        lead = min(LEAD, self.settings.early_sleep) if outcome.slots else 0.0
         if park:
             state.parked = f"{request.id}:{state.waits}:{secrets.token_hex(4)}"
         sig = task.signature_from_request(
-            request, args, kwargs, countdown=None if park else delay, retries=request.retries
+            request,
+            args,
+            kwargs,
+            countdown=None if park else max(0.0, delay - lead),
+            retries=request.retries,
         )
         sig.options["headers"] = {**(sig.options.get("headers") or {}), HEADER: state.header()}
         try:

@@ -41,6 +41,7 @@ from redis.exceptions import NoScriptError, RedisError
 from ..errors import StorageUnavailable
 from ..scripts import LuaScript, plain_script
 from . import signals
+from .decide import LEAD
 from .waits import HEADER
 
 __all__ = [
@@ -183,6 +184,7 @@ class Releaser:
         interval: float = 1.0,
         lease: float = 30.0,
         batch: int = 200,
+        lead: float = 0.0,
     ) -> None:
         self.app = app
         self.client_factory = client_factory
@@ -191,6 +193,8 @@ class Releaser:
         self.interval = interval
         self.lease = lease
         self.batch = batch
+        self.lead = lead
+        """Publish this long before the due time: a booked task arrives early (decide.LEAD)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -215,7 +219,8 @@ class Releaser:
                 continue
             stamp_release(sig)
             # the Redis clock now: publishing a large batch takes a while
-            sig.apply_async(countdown=max(0.0, due - now - (time.monotonic() - taken_at)))
+            elapsed = time.monotonic() - taken_at
+            sig.apply_async(countdown=max(0.0, due - now - elapsed - self.lead))
             pipe = client.pipeline(transaction=True)
             pipe.zrem(lease_key, parking_id)
             pipe.hdel(msgs_key, parking_id)
@@ -268,6 +273,7 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
             horizon,
             interval=settings.release_interval,
             lease=settings.release_lease,
+            lead=min(LEAD, settings.early_sleep),
         )
         self.releaser.start()
 
