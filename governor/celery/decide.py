@@ -28,7 +28,8 @@ Waking a process that slept for a while can take tens of milliseconds on a busy 
 loop), more than ``late_tolerance``. Arriving early absorbs that; the claim then closes in on
 the slot with short sleeps, whose wake-ups are quick, so it lands inside the tolerance."""
 STEP = 0.01
-"""The last part of the wait before a slot is slept in steps this long (seconds)."""
+"""The last ``CLOSE`` seconds before a slot are slept in steps this long (seconds)."""
+CLOSE = 0.05
 
 Held = list[tuple[Limiter, LimitSpec, Decision]]
 
@@ -84,7 +85,7 @@ def claim_all(
         return None  # the limits changed since the booking
     tol = tolerance
     slept = 0.0
-    for _attempt in range(2 + int(LEAD / STEP) + 2):
+    for _attempt in range(4):
         held: Held = []
         for (lim, spec), key in zip(limiters, keys):
             slot = Slot(*slots[key])
@@ -97,11 +98,10 @@ def claim_all(
         if len(early) == len(held):
             wait = max(d.retry_after for d in early)
             if slept + wait <= early_sleep:
-                # early (on purpose: LEAD): sleep most of the way, then close in with short
-                # steps, so the claim that counts reaches Redis just after the slot opens
-                nap = wait - STEP if wait > 2 * STEP else min(wait, STEP)
-                time.sleep(nap)
-                slept += nap
+                # early (on purpose: LEAD): wait here, so the claim that counts reaches Redis
+                # just after the slot opens
+                _sleep_until(time.monotonic() + wait)
+                slept += wait
                 continue
             worst = max(held, key=lambda h: h[2].retry_after)
             return Outcome(
@@ -128,6 +128,22 @@ def claim_all(
         if d.slot is not None and d.slot != Slot(*slots[key]):
             lim.refund(spec.subject, d.slot, cost)
     return None
+
+
+def _sleep_until(deadline: float) -> None:
+    """Sleep most of the way in one go, then close in with short sleeps, whose wake-ups are
+    quick even on a busy machine (a long sleep can wake tens of milliseconds late)."""
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(left - CLOSE if left > CLOSE + STEP else min(left, STEP))
+
+
+def _worst(held: Held) -> tuple[LimitSpec, Decision]:
+    """The limit to name for a booking: the one whose rule denies now, latest slot first.
+
+    A limit that would admit now is only booked for the common slot (``not_before``) and has
+    no rule to show, so it is never named while another limit denies."""
+    _, spec, d = max(held, key=lambda h: (h[2].rule is not None, h[2].now + h[2].retry_after))
+    return spec, d
 
 
 def reserve_all(
@@ -170,7 +186,7 @@ def reserve_all(
                 return Outcome(True, now=held[-1][2].now, held=held)
             assert target is not None
             last = held[-1][2]
-            worst = max(held, key=lambda h: h[2].retry_after)
+            spec, decision = _worst(held)
             return Outcome(
                 False,
                 delay=max(0.0, target / 1e6 - last.now),
@@ -180,8 +196,8 @@ def reserve_all(
                     for lim, spec, d in held
                     if d.slot is not None
                 },
-                spec=worst[1],
-                decision=worst[2],
+                spec=spec,
+                decision=decision,
                 held=held,
             )
         refund(held, cost)
