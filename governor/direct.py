@@ -8,7 +8,9 @@ its own, made with the pool's connection settings (host, credentials, TLS, timeo
 version, decoding) and kept in a free list per pool: a call takes one, uses it alone (threads,
 greenlets) and puts it back; a forked child starts its own.
 
-The reply is the one ``client.evalsha`` would return. A connection is checked before each use
+The reply is the one ``client.evalsha`` would return, read straight off the socket (a
+decision's reply is one short string, parsed in a few steps; errors map to redis-py's own
+exceptions). A connection is checked before each use
 (one ``poll``: a server that restarted or dropped it left it closed). If connecting or sending
 fails, nothing ran: the call goes through the client instead (with redis-py's own retries) and
 the lane rests for a few seconds, so an outage is not waited out twice. If reading the reply
@@ -86,7 +88,11 @@ class Lane:
         parts.append(frame[1])
         parts += [_bulk(encode(a)) for a in args[2:]]
         try:
-            conn.send_packed_command([b"".join(parts)], check_health=False)
+            sock = conn._sock
+            if sock is None:
+                conn.connect()
+                sock = conn._sock
+            sock.sendall(b"".join(parts))
         except Exception as exc:
             conn.disconnect()
             self.rest_until = time.monotonic() + REST
@@ -95,7 +101,7 @@ class Lane:
             conn.disconnect()
             raise
         try:
-            reply = conn.read_response()
+            reply = _Reply(conn, sock).read()
         except redis.ResponseError:
             self._idle.append(conn)  # a whole reply was read: in step
             raise
@@ -104,6 +110,83 @@ class Lane:
             raise
         self._idle.append(conn)
         return reply
+
+
+class _Reply:
+    """Reads one RESP reply straight from the socket, as redis-py would return it.
+
+    A decision's reply is one short bulk string that arrives in one ``recv``: that case is
+    parsed in a few steps. Scripts reply only with bulk and simple strings, integers, nulls,
+    arrays of those, and errors; anything else is a protocol error.
+    """
+
+    __slots__ = ("buf", "conn", "pos", "sock")
+
+    def __init__(self, conn: Any, sock: Any) -> None:
+        self.conn, self.sock, self.buf, self.pos = conn, sock, b"", 0
+
+    def read(self) -> Any:
+        self._fill()
+        buf = self.buf
+        if buf[:1] == b"$":  # the usual decision reply: "$<n>\r\n<data>\r\n", all here
+            end = buf.find(b"\r\n")
+            size = int(buf[1:end])
+            if len(buf) == end + size + 4 and size >= 0:
+                return self._text(buf[end + 2 : end + 2 + size])
+        value = self._value()
+        if isinstance(value, Exception):  # an error reply (LOADING and the like are
+            raise value  # ConnectionErrors in redis-py, as its own parser raises them)
+        return value
+
+    def _fill(self) -> None:
+        try:
+            chunk = self.sock.recv(65536)
+        except TimeoutError as exc:  # socket.timeout
+            raise redis.TimeoutError("Timeout reading from socket") from exc
+        except OSError as exc:
+            raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+        if not chunk:
+            raise redis.ConnectionError("Connection closed by server.")
+        self.buf = self.buf[self.pos :] + chunk
+        self.pos = 0
+
+    def _line(self) -> bytes:
+        while (end := self.buf.find(b"\r\n", self.pos)) < 0:
+            self._fill()
+        line = self.buf[self.pos : end]
+        self.pos = end + 2
+        return line
+
+    def _value(self) -> Any:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None
+            while len(self.buf) - self.pos < size + 2:
+                self._fill()
+            data = self.buf[self.pos : self.pos + size]
+            self.pos += size + 2
+            return self._text(data)
+        if kind == b":":
+            return int(rest)
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self._value() for _ in range(size)]
+        if kind == b"+":
+            return self._text(rest)
+        if kind == b"_":
+            return None
+        if kind == b"-":  # redis-py's own mapping (NOSCRIPT, READONLY, WRONGTYPE, ...)
+            text = rest.decode("utf-8", "replace")
+            parse = getattr(self.conn._parser, "parse_error", None)
+            return parse(text) if parse is not None else redis.ResponseError(text)
+        raise redis.InvalidResponse(f"Protocol error in a script reply: {line[:80]!r}")
+
+    def _text(self, data: bytes) -> Any:
+        encoder = self.conn.encoder
+        return encoder.decode(data) if encoder.decode_responses else data
 
 
 def _readable(conn: Any) -> bool:

@@ -147,3 +147,27 @@ def test_the_lane_rests_when_redis_cannot_be_reached() -> None:
     with pytest.raises(StorageUnavailable):
         lim.acquire("s")
     assert lane.rest_until >= before + REST  # the next calls take the client's path only
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_replies_read_off_the_socket_are_the_clients(
+    redis_server: ServerHandle, prefix: str, protocol: int
+) -> None:
+    """The lane reads replies itself: long ones (over several reads), arrays and errors come
+    out as the client's own path gives them, on RESP2 and RESP3."""
+    from governor.errors import StateError
+
+    client = redis.Redis.from_url(redis_server.url(), protocol=protocol)
+    lean = Limiter(client, "3/s, 5/m", name="replies", prefix=prefix)
+    plain = Limiter(client, "3/s, 5/m", name="replies", prefix=prefix, direct=False)
+    assert lean._lane() is not None
+    reason = "maintenance " * 20_000 + "é"  # a 240 kB reply
+    lean.block("s", 10, reason, now=T0)
+    assert lean.peek("s", now=T0).blocked == plain.peek("s", now=T0).blocked == reason
+    lean.acquire("u", now=T0)
+    assert lean.usage("u", now=T0) == plain.usage("u", now=T0)
+    client.set(lean.keys("wrong")[0], "not a list")
+    for lim in (lean, plain):
+        with pytest.raises(StateError, match="another type"):
+            lim.acquire("wrong", now=T0)
+    assert lean.acquire("u", now=T0).allowed  # the lane stayed in step after the error
