@@ -79,6 +79,7 @@ class Gate:
         self._limiters: dict[tuple[str, LimitConfig], Limiter] = {}
         self._hints: dict[tuple[str, str, LimitConfig], tuple[float, float]] = {}
         self._options: dict[str, TaskOptions] = {}
+        self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
         self._deferrals: Counter[str] = Counter()
         self._longest = 0.0
         self._summary_at = time.monotonic()
@@ -128,15 +129,24 @@ class Gate:
         return opts
 
     def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
-        """The limits that do not depend on the arguments: the queue's, then the task's."""
-        out = []
-        queue = consumed_queue(self.app, delivery_info)
-        if queue is not None and queue in self.settings.queues:
-            out.append(LimitSpec("queue", "queue", self.settings.queues[queue], queue))
-        opts = self.options(task)
-        if opts.task_spec is not None:
-            out.append(opts.task_spec)
-        return out
+        """The limits that do not depend on the arguments: the queue's, then the task's
+        (worked out once per task and route: every message asks, in both processes)."""
+        info = delivery_info or {}
+        route = (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
+        specs = self._fixed.get(route)
+        if specs is None:
+            out = []
+            queue = consumed_queue(self.app, delivery_info)
+            if queue is not None and queue in self.settings.queues:
+                out.append(LimitSpec("queue", "queue", self.settings.queues[queue], queue))
+            opts = self.options(task)
+            if opts.task_spec is not None:
+                out.append(opts.task_spec)
+            specs = tuple(out)
+            if len(self._fixed) > 10_000:  # routing keys are open-ended (topic exchanges)
+                self._fixed.clear()
+            self._fixed[route] = specs
+        return list(specs)
 
     def specs(
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -259,8 +269,6 @@ class Gate:
 
     def _defer_early(self, req: Any) -> bool:
         task = req.task
-        if req.revoked():  # revoked or expired: Celery's own dispatch discards it
-            return False
         carried = req._request_dict.get(HEADER)
         if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
             return False  # bookings are claimed, and copies dropped, in the pool
@@ -278,6 +286,8 @@ class Gate:
             return False
         cost = self.cost(task, args, kwargs)
         if not self._known_denied(specs, cost):
+            return False
+        if req.revoked():  # revoked or expired: Celery's own dispatch discards it
             return False
         outcome = self.decide(specs, cost, state)
         if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
