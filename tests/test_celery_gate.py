@@ -552,7 +552,7 @@ def test_early_deferral_pauses_while_redis_is_down(redis_server: ServerHandle) -
     stalling the consumer on a socket timeout per message."""
     from types import SimpleNamespace
 
-    from governor.celery import gate as gate_module
+    from governor.celery import early as early_module
     from governor.embedded import EmbeddedRedis
 
     store = EmbeddedRedis().start()
@@ -584,6 +584,6 @@ def test_early_deferral_pauses_while_redis_is_down(redis_server: ServerHandle) -
         assert gate.defer_early(request) is False  # Redis down: left to the pool
         assert gate.defer_early(request) is False  # and not asked again for a while
         assert time.monotonic() - started < 1.5
-        assert gate._early_paused_until - time.monotonic() > gate_module.EARLY_PAUSE - 2
+        assert gate.early.paused_until - time.monotonic() > early_module.EARLY_PAUSE - 2
     finally:
         store.close()  # idempotent: also when the test closed it

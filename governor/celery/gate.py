@@ -26,13 +26,13 @@ from typing import Any
 
 import redis
 from celery.exceptions import Reject
-from celery.worker.state import task_ready
 from kombu.exceptions import OperationalError as BrokerError
 
 from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
 from ..limiter import Limiter
 from . import parking, signals
 from .decide import LEAD, Held, Outcome, acquire_all, claim_all, refund, reserve_all
+from .early import EarlyDeferral
 from .limits import (
     LimitSpec,
     call_with_arguments,
@@ -49,11 +49,6 @@ __all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
 
 logger = logging.getLogger("governor.celery")
 SUMMARY_EVERY = 10.0
-HINT_TTL = 0.05
-"""How long the worker's main process trusts a peek that found room (seconds)."""
-EARLY_PAUSE = 5.0
-"""After Redis failed in the worker's main process, it leaves every decision to the pool for
-this long (seconds), so an outage does not stall the consumer on socket timeouts."""
 TRANSIENT = (StorageUnavailable, redis.RedisError, BrokerError, OSError)
 """Errors that may pass: a re-publish that fails with one keeps the original message."""
 
@@ -77,13 +72,12 @@ class Gate:
         self._pid: int | None = None
         self._client: redis.Redis | None = None
         self._limiters: dict[tuple[str, LimitConfig], Limiter] = {}
-        self._hints: dict[tuple[str, str, LimitConfig], tuple[float, float]] = {}
         self._options: dict[str, TaskOptions] = {}
         self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
         self._deferrals: Counter[str] = Counter()
         self._longest = 0.0
         self._summary_at = time.monotonic()
-        self._early_paused_until = 0.0
+        self.early = EarlyDeferral(self)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -249,81 +243,9 @@ class Gate:
         return self._deferred(task, request, args, kwargs, state, outcome, label, cost)
 
     def defer_early(self, req: Any) -> bool:
-        """In the worker's main process, before a message goes to the pool: when a limit is
-        known to deny (a peek, cached for ``HINT_TTL``), book and re-publish it right here and
-        acknowledge it. Saves the pool a round trip per denial, so a backlog's first wave of
-        deferrals drains fast enough for its earliest bookings. True if it was deferred.
-
-        Admission itself never happens here (it belongs right before the body, in the pool);
-        anything unusual (bookings to claim, Redis trouble, a wait too long) goes to the pool.
-        """
-        if time.monotonic() < self._early_paused_until:
-            return False
-        try:
-            return self._defer_early(req)
-        except Exception as exc:  # never break the consumer: the pool path decides instead
-            if isinstance(exc, (StorageUnavailable, redis.RedisError)):
-                self._early_paused_until = time.monotonic() + EARLY_PAUSE
-            logger.debug("governor: early deferral skipped for %s: %r", req.id, exc)
-            return False
-
-    def _defer_early(self, req: Any) -> bool:
-        task = req.task
-        carried = req._request_dict.get(HEADER)
-        if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
-            return False  # bookings are claimed, and copies dropped, in the pool
-        opts = self.options(task)
-        if opts.key_config is None and not callable(opts.cost):
-            # the usual case: decide from the cached hint before decoding anything
-            specs = self.fixed_specs(task, req.delivery_info)
-            if not specs or not self._known_denied(specs, opts.cost):
-                return False
-        request = req._context
-        state = WaitState.from_request(request)
-        args, kwargs = tuple(req.args), dict(req.kwargs)
-        specs = self.specs(task, request, args, kwargs)
-        if not specs:
-            return False
-        cost = self.cost(task, args, kwargs)
-        if not self._known_denied(specs, cost):
-            return False
-        if req.revoked():  # revoked or expired: Celery's own dispatch discards it
-            return False
-        outcome = self.decide(specs, cost, state)
-        if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
-            self.refund(outcome.held, cost)
-            for spec in specs:
-                self._hints[(spec.name, spec.subject, spec.config)] = (time.monotonic(), 0.0)
-            return False
-        decision = outcome.decision
-        if (decision is not None and decision.retry_after == math.inf) or self._too_long(
-            task, state, outcome
-        ):
-            self.refund(outcome.held, cost)
-            return False
-        label = outcome.spec.label if outcome.spec else "governor"
-        try:
-            self._deferred(task, request, args, kwargs, state, outcome, label, cost)
-        except Reject:
-            return False
-        task_ready(req)
-        req.acknowledge()
-        return True
-
-    def _known_denied(self, specs: list[LimitSpec], cost: int) -> bool:
-        now = time.monotonic()
-        for spec in specs:
-            key = (spec.name, spec.subject, spec.config)
-            hint = self._hints.get(key)
-            if hint is None or (hint[1] <= now and now - hint[0] > HINT_TTL):
-                d = self.limiter(spec.name, spec.config).peek(spec.subject, cost)
-                hint = (now, now + d.retry_after if not d.allowed else 0.0)
-                if len(self._hints) > 10_000:
-                    self._hints.clear()
-                self._hints[key] = hint
-            if hint[1] > now:
-                return True
-        return False
+        """In the worker's main process: defer a message known to be denied before it reaches
+        the pool (see :mod:`governor.celery.early`). True if it was deferred."""
+        return self.early.defer(req)
 
     def _max_wait(self, task: Any) -> float | None:
         wait: float | None = self.options(task).max_wait
