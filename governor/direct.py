@@ -26,6 +26,7 @@ pool's ``max_connections``, and the pool's ``health_check_interval`` does not ap
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import time
@@ -38,6 +39,7 @@ import redis
 
 __all__ = ["Lane", "NotSent", "lane_for"]
 
+logger = logging.getLogger("governor")
 REST = 5.0
 """After a failed connect or send, the lane is skipped for this long (seconds)."""
 
@@ -117,7 +119,9 @@ class _Reply:
 
     A decision's reply is one short bulk string that arrives in one ``recv``: that case is
     parsed in a few steps. Scripts reply only with bulk and simple strings, integers, nulls,
-    arrays of those, and errors; anything else is a protocol error.
+    arrays of those, and errors; a RESP3 push message before the reply goes to redis-py's
+    handlers, as its own parser does; anything else is a protocol error (the connection is
+    out of step: a ConnectionError, and the connection is dropped).
     """
 
     __slots__ = ("buf", "conn", "pos", "sock")
@@ -130,10 +134,16 @@ class _Reply:
         buf = self.buf
         if buf[:1] == b"$":  # the usual decision reply: "$<n>\r\n<data>\r\n", all here
             end = buf.find(b"\r\n")
-            size = int(buf[1:end])
-            if len(buf) == end + size + 4 and size >= 0:
-                return self._text(buf[end + 2 : end + 2 + size])
-        value = self._value()
+            if end > 1 and buf[1:end].isdigit():
+                size = int(buf[1:end])
+                if len(buf) == end + size + 4:
+                    return self._text(buf[end + 2 : end + 2 + size])
+        try:
+            value = self._value()
+            while isinstance(value, _Push):  # RESP3 out-of-band message: the reply follows
+                value = self._value()
+        except ValueError as exc:  # a length that is not a number: out of step
+            raise redis.ConnectionError(f"Protocol error in a script reply: {exc}") from exc
         if isinstance(value, Exception):  # an error reply (LOADING and the like are
             raise value  # ConnectionErrors in redis-py, as its own parser raises them)
         return value
@@ -182,11 +192,26 @@ class _Reply:
             text = rest.decode("utf-8", "replace")
             parse = getattr(self.conn._parser, "parse_error", None)
             return parse(text) if parse is not None else redis.ResponseError(text)
-        raise redis.InvalidResponse(f"Protocol error in a script reply: {line[:80]!r}")
+        if kind == b">":  # a push (RESP3: maintenance or invalidation notices), as redis-py
+            push = [self._value() for _ in range(int(rest))]  # hands it to its handlers
+            handle = getattr(self.conn._parser, "handle_push_response", None)
+            if handle is not None:
+                try:
+                    handle(push)
+                except Exception as exc:  # a notice must never cost a decision its reply
+                    logger.debug("governor: a push message's handler failed: %r", exc)
+            return _Push()
+        raise redis.ConnectionError(f"Protocol error in a script reply: {line[:80]!r}")
 
     def _text(self, data: bytes) -> Any:
         encoder = self.conn.encoder
         return encoder.decode(data) if encoder.decode_responses else data
+
+
+class _Push:
+    """Marks a push message read in place of a reply."""
+
+    __slots__ = ()
 
 
 def _readable(conn: Any) -> bool:

@@ -171,3 +171,45 @@ def test_replies_read_off_the_socket_are_the_clients(
         with pytest.raises(StateError, match="another type"):
             lim.acquire("wrong", now=T0)
     assert lean.acquire("u", now=T0).allowed  # the lane stayed in step after the error
+
+
+class _Chunks:
+    """A socket's reads, one given chunk per recv (how TCP may split a reply)."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+
+    def recv(self, size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+@pytest.mark.parametrize(
+    ("chunks", "reply"),
+    [
+        ((b"$12\r\nhello world!\r\n",), b"hello world!"),
+        ((b"$", b"12\r\nhello", b" world!\r", b"\n"), b"hello world!"),
+        ((b"$1", b"2\r\nhello world!\r\n"), b"hello world!"),
+        ((b"$-1\r\n",), None),
+        ((b"*2\r\n:7\r\n*1\r\n$1\r\nx\r\n",), [7, [b"x"]]),
+        # a RESP3 push before the reply goes to redis-py's handlers; the reply follows
+        ((b">2\r\n$7\r\nmessage\r\n$1\r\nx\r\n", b"$2\r\nok\r\n"), b"ok"),
+    ],
+)
+def test_the_reply_reader_takes_replies_in_any_pieces(
+    chunks: tuple[bytes, ...], reply: object
+) -> None:
+    from governor.direct import _Reply
+
+    conn = redis.Connection(protocol=3)
+    assert _Reply(conn, _Chunks(*chunks)).read() == reply
+
+
+def test_the_reply_reader_is_out_of_step_on_garbage() -> None:
+    from governor.direct import _Reply
+
+    conn = redis.Connection()
+    for chunks in ((b"$x\r\n",), (b"!3\r\nabc\r\n",), (b"$5\r\nab",)):
+        with pytest.raises(redis.ConnectionError):
+            _Reply(conn, _Chunks(*chunks)).read()
+    with pytest.raises(redis.exceptions.NoScriptError):
+        _Reply(conn, _Chunks(b"-NOSCRIPT No matching script.\r\n")).read()
