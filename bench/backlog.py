@@ -10,7 +10,8 @@ overshoot     the most starts in any window of each rule, divided by the limit (
 waits/task    governance waits per task (governor), or Celery retries per task
 rebooked      tasks that missed their booked slot (started > governor_late_tolerance late, a busy
               machine) and booked again, behind the queue: they are what makes wall > ideal
-utilization   achieved rate / allowed rate, once the first window's burst is over
+utilization   the earliest schedule the rules allow for the tasks that started (governor's
+              planner) / the time they took from first start to last: 100% = as fast as allowed
 parked peak   most tasks parked in Redis at once (governor)
 wall / ideal  time from the first start to the last (and to the 99th percentile), against
               the earliest schedule the rules allow (governor's planner); for Celery, "did not
@@ -134,17 +135,15 @@ def run(
     parsed = parse_rules(rules)
     ideal = plan(parsed, tasks)[-1]
     overshoot = max(most_in_window(starts, r.period) / r.limit for r in parsed) if starts else 0
-    burst = min(r.limit for r in parsed)
-    later = starts[burst:]
-    rate = (len(later) - 1) / (later[-1] - later[0]) if len(later) > 1 else 0.0
-    allowed = min(r.limit / r.period for r in parsed)
+    took = starts[-1] - starts[0] if len(starts) > 1 else 0.0
+    fastest = plan(parsed, len(starts))[-1] if starts else 0.0
     return {
         "done": len({r[1] for r in rows}),
         "runs": len(rows),
         "overshoot": overshoot,
         "waits": sum(r[2] + r[3] for r in rows) / max(1, len(rows)),
         "rebooked": sum(1 for r in rows if r[2] > 1),
-        "utilization": rate / allowed,
+        "utilization": fastest / took if took else 0.0,
         "parked": parked_peak,
         "wall": starts[-1] - starts[0] if starts else 0.0,
         "wall99": starts[max(0, math.ceil(0.99 * len(starts)) - 1)] - starts[0] if starts else 0.0,
