@@ -25,7 +25,6 @@ from celery.result import AsyncResult
 from ..errors import ConfigError
 from . import parking, signals
 from .app import Governor
-from .decide import LEAD
 from .waits import HEADER, WaitState
 
 __all__ = ["submit_batch"]
@@ -144,7 +143,7 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
     else:
         try:
             result = sig.apply_async(
-                countdown=max(0.0, due - server_now - min(LEAD, settings.early_sleep)),
+                countdown=max(0.0, due - server_now - settings.lead),
                 **{k: v for k, v in options.items() if k != "countdown"},
             )
         except Exception:

@@ -17,16 +17,9 @@ from ..decision import Decision, Slot
 from ..limiter import Limiter
 from .limits import LimitSpec
 
-__all__ = ["LEAD", "Held", "Outcome", "acquire_all", "claim_all", "refund", "reserve_all"]
+__all__ = ["Held", "Outcome", "acquire_all", "claim_all", "refund", "reserve_all"]
 
 logger = logging.getLogger("governor.celery")
-LEAD = 0.2
-"""A booked task is sent to arrive this long (seconds, at most ``early_sleep``) before its slot.
-
-Waking a process that slept for a while can take tens of milliseconds on a busy machine or VM
-(measured here: 20-35 ms for a Redis round trip after a second idle, against ~1 ms in a busy
-loop), more than ``late_tolerance``. Arriving early absorbs that; the claim then closes in on
-the slot with short sleeps, whose wake-ups are quick, so it lands inside the tolerance."""
 STEP = 0.01
 """The last ``CLOSE`` seconds before a slot are slept in steps this long (seconds)."""
 CLOSE = 0.05
@@ -98,8 +91,8 @@ def claim_all(
         if len(early) == len(held):
             wait = max(d.retry_after for d in early)
             if slept + wait <= early_sleep:
-                # early (on purpose: LEAD): wait here, so the claim that counts reaches Redis
-                # just after the slot opens
+                # early (on purpose: Settings.lead): wait here, so the claim that counts
+                # reaches Redis just after the slot opens
                 _sleep_until(time.monotonic() + wait)
                 slept += wait
                 continue

@@ -89,14 +89,14 @@ class EarlyDeferral:
                 self.hints[(spec.name, spec.subject, spec.config)] = (time.monotonic(), 0.0)
             return False
         decision = outcome.decision
-        if (decision is not None and decision.retry_after == math.inf) or gate._too_long(
+        if (decision is not None and decision.retry_after == math.inf) or gate.too_long(
             task, state, outcome
         ):
             gate.refund(outcome.held, cost)
             return False
         label = outcome.spec.label if outcome.spec else "governor"
         try:
-            gate._deferred(task, request, args, kwargs, state, outcome, label, cost)
+            gate.republish(task, request, args, kwargs, state, outcome, label, cost)
         except Reject:
             return False
         task_ready(req)

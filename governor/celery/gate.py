@@ -31,7 +31,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
 from ..limiter import Limiter
 from . import parking, signals
-from .decide import LEAD, Held, Outcome, acquire_all, claim_all, refund, reserve_all
+from .decide import Held, Outcome, acquire_all, claim_all, refund, reserve_all
 from .early import EarlyDeferral
 from .limits import (
     LimitSpec,
@@ -219,7 +219,7 @@ class Gate:
                 delay,
                 exc,
             )
-            return self._deferred(
+            return self.republish(
                 task, request, args, kwargs, state, Outcome(False, delay=delay), "redis", cost
             )
         state.outages = 0
@@ -233,14 +233,14 @@ class Gate:
                 f"task {task.name!r} costs {cost}, more than rule {decision.rule} of limit "
                 f"{label} allows: it can never run"
             )
-        if self._too_long(task, state, outcome):
+        if self.too_long(task, state, outcome):
             self.refund(outcome.held, cost)
             raise GovernorTimeout(
                 f"task {task.name!r} [{request.id}] would wait "
                 f"{self._waited(state, outcome) + outcome.delay:.1f}s in total for {label}, "
                 f"more than governor_max_wait={self._max_wait(task)}s"
             )
-        return self._deferred(task, request, args, kwargs, state, outcome, label, cost)
+        return self.republish(task, request, args, kwargs, state, outcome, label, cost)
 
     def defer_early(self, req: Any) -> bool:
         """In the worker's main process: defer a message known to be denied before it reaches
@@ -256,7 +256,8 @@ class Gate:
         now = outcome.now or time.time()
         return now - state.since if state.since is not None else 0.0
 
-    def _too_long(self, task: Any, state: WaitState, outcome: Outcome) -> bool:
+    def too_long(self, task: Any, state: WaitState, outcome: Outcome) -> bool:
+        """Whether this wait would take the task past its ``governor_max_wait`` in total."""
         max_wait = self._max_wait(task)
         return max_wait is not None and self._waited(state, outcome) + outcome.delay > max_wait
 
@@ -311,7 +312,7 @@ class Gate:
 
     # -- re-publishing ----------------------------------------------------------------------
 
-    def _deferred(
+    def republish(
         self,
         task: Any,
         request: Any,
@@ -333,8 +334,8 @@ class Gate:
         state.waits += 1
         delay = max(0.0, outcome.delay - (time.monotonic() - outcome.at))
         park = self.settings.park_after is not None and delay > self.settings.park_after
-        # a booked task arrives a little early and closes in on its slot (decide.LEAD)
-        lead = min(LEAD, self.settings.early_sleep) if outcome.slots else 0.0
+        # a booked task arrives a little early and closes in on its slot (Settings.lead)
+        lead = self.settings.lead if outcome.slots else 0.0
         if park:
             state.parked = f"{request.id}:{state.waits}:{secrets.token_hex(4)}"
         sig = task.signature_from_request(

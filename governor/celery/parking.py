@@ -41,7 +41,6 @@ from redis.exceptions import NoScriptError, RedisError
 from ..errors import StorageUnavailable
 from ..scripts import LuaScript, plain_script
 from . import signals
-from .decide import LEAD
 from .waits import HEADER
 
 __all__ = [
@@ -194,7 +193,7 @@ class Releaser:
         self.lease = lease
         self.batch = batch
         self.lead = lead
-        """Publish this long before the due time: a booked task arrives early (decide.LEAD)."""
+        """Publish this long before the due time: a booked task arrives early (Settings.lead)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -273,7 +272,7 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
             horizon,
             interval=settings.release_interval,
             lease=settings.release_lease,
-            lead=min(LEAD, settings.early_sleep),
+            lead=settings.lead,
         )
         self.releaser.start()
 
