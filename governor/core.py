@@ -87,9 +87,7 @@ class LimiterBase:
         self.rules: tuple[Rule, ...] = parse_rules(rules)
         self.algorithm: Algorithm = get_algorithm(algorithm)
         self.algorithm.check(self.rules)
-        numbers: list[int] = []
-        for rule in self.rules:
-            numbers += [rule.limit, rule.period_us]
+        numbers = [rule.limit for rule in self.rules] + [rule.period_us for rule in self.rules]
         if self.algorithm.name == "sliding_window":
             precision = 60 if precision is None else precision
             if (
@@ -102,7 +100,8 @@ class LimiterBase:
         elif precision is not None:
             raise ConfigError("precision only applies to algorithm='sliding_window'")
         self.precision = precision
-        # ARGV[1]: the rules as little-endian doubles (exact: every value is below 2**53)
+        # ARGV[1]: the limits, then the windows, then any extra, as little-endian doubles (exact:
+        # every value is below 2**53)
         self._packed = struct.pack(f"<{len(numbers)}d", *numbers)
         # State that only makes sense under these rules lives under a key named after them, so
         # a changed rule set starts afresh instead of misreading old counters. (The sliding

@@ -31,7 +31,14 @@ rules_st = st.lists(
 )
 
 
-def steps_st(books: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
+long_rules_st = st.lists(  # logs longer than the first read of the sliding log (64 entries)
+    st.tuples(st.integers(50, 150), st.sampled_from(WINDOWS_MS[3:])),
+    min_size=1,
+    max_size=3,
+)
+
+
+def steps_st(books: bool, big: bool = False) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     ops = ["acquire", "acquire", "acquire", "peek", "refund", "usage"]
     if books:
         ops += ["reserve", "reserve", "claim", "claim"]
@@ -46,7 +53,7 @@ def steps_st(books: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     step = st.tuples(
         dt,
         st.sampled_from(ops),
-        st.one_of(st.just(1), st.integers(1, 4), st.integers(1, 12)),
+        st.one_of(st.just(1), st.integers(1, 4), st.integers(1, 40 if big else 12)),
         st.integers(0, 1),  # subject
         st.sampled_from([0, 20_000, 300_000]),  # tolerance
         st.sampled_from([-1, 0, 500_000, 5 * US]),  # max_wait
@@ -140,6 +147,14 @@ def test_matches_model(r: redis.Redis, prefix: str, algo: str, data: st.DataObje
     steps = data.draw(steps_st(MODELS[algo].books), label="steps")
     start = data.draw(st.integers(1_600_000_000 * US, 1_900_000_000 * US), label="start")
     run_scenario(r, f"{prefix}{uuid.uuid4().hex[:8]}", algo, rules_spec, steps, start)
+
+
+@given(data=st.data())
+def test_long_sliding_logs_match_model(r: redis.Redis, prefix: str, data: st.DataObject) -> None:
+    rules_spec = data.draw(long_rules_st, label="rules")
+    steps = data.draw(steps_st(True, big=True), label="steps")
+    start = data.draw(st.integers(1_600_000_000 * US, 1_900_000_000 * US), label="start")
+    run_scenario(r, f"{prefix}{uuid.uuid4().hex[:8]}", "sliding_log", rules_spec, steps, start)
 
 
 def assert_windows(starts: list[int], rules: list[tuple[int, int]], where: str) -> None:

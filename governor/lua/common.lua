@@ -2,8 +2,8 @@
 --
 -- KEYS[1]  the subject's state (the algorithm's own key)
 -- KEYS[2]  the subject's manual block: a string "<until_us>:<reason>"
--- ARGV[1]  the rules, packed once per limiter: little-endian doubles limit_1, window_us_1, ...,
---          limit_n, window_us_n, then the algorithm's extras (sliding_window: precision)
+-- ARGV[1]  the rules, packed once per limiter: little-endian doubles limit_1, ..., limit_n,
+--          window_us_1, ..., window_us_n, then the algorithm's extra (sliding_window: precision)
 -- ARGV[2]  op: acquire | peek | reserve | claim | refund | usage
 -- ARGV[3]  now in microseconds since the Unix epoch, or '' to read Redis TIME
 -- ARGV[4]  cost (positive integer)
@@ -38,16 +38,18 @@ elseif op == 'claim' then
 elseif op == 'refund' then
   slot_start, slot_end = tonumber(ARGV[5]), tonumber(ARGV[6])
 end
-local packed = {struct.unpack('<' .. string.rep('d', #ARGV[1] / 8), ARGV[1])}
-local lim, win = {}, {}
 local n = math.floor(#ARGV[1] / 16)
+local rules_format = '<' .. string.rep('d', n)
+-- (unpack returns the next position last: dropped)
+local lim = {struct.unpack(rules_format, ARGV[1])}
+local win = {struct.unpack(rules_format, ARGV[1], 8 * n + 1)}
+lim[n + 1], win[n + 1] = nil, nil
 local maxlim, maxwin = 0, 0
 for i = 1, n do
-  lim[i], win[i] = packed[2 * i - 1], packed[2 * i]
   if lim[i] > maxlim then maxlim = lim[i] end
   if win[i] > maxwin then maxwin = win[i] end
 end
-local extra = packed[2 * n + 1]
+local extra = #ARGV[1] > 16 * n and struct.unpack('<d', ARGV[1], 16 * n + 1) or nil
 
 -- Integers as exact decimal text (tostring would round above 14 digits).
 local function fmt(x)

@@ -16,26 +16,31 @@
 --
 -- A moment x can take `cost` more when, for every rule, the stamps inside
 -- (x - W, x + W + tolerance + maxtol + 1 ms) leave room for it: any window of W that can hold
--- the new start lies in there (a stamp is at most maxtol + 1 ms after its start). Bookings far ahead therefore do not crowd the present, and a request
--- goes to the earliest such moment (behind earlier bookings when they are near).
+-- the new start lies in there (a stamp is at most maxtol + 1 ms after its start). Bookings far
+-- ahead therefore do not crowd the present, and a request goes to the earliest such moment
+-- (behind earlier bookings when they are near).
 local key = KEYS[1]
-local len = redis.call('LLEN', key)
+-- One LRANGE reads a short log whole (stamps, meta, base); longer ones read the rest by LINDEX.
+local FIRST = 64
+local first = redis.call('LRANGE', key, 0, FIRST - 1)
+local len = #first
+if len == FIRST then len = redis.call('LLEN', key) end
 local k, base, floor, maxtol = 0, 0, nil, 0
 if len > 0 then
-  local tail = len >= 2 and redis.call('LRANGE', key, -2, -1) or {}
+  local tail = len < FIRST and {first[len - 1], first[len]} or redis.call('LRANGE', key, -2, -1)
   local f, t = string.match(tail[1] or '', '^f(%-?%d*):(%d+)$')
   base = tonumber(string.match(tail[2] or '', '^b(%-?%d+)$') or '')
   if not (t and base) then corrupt('sliding log') end
   k, floor, maxtol = len - 2, tonumber(f), tonumber(t)
 end
 
-local cache = {}
+local cache = {}  -- stamps read so far, in us
 -- Stamp of entry i (0-based, newest first) in us; past the stamps, the floor (or nil).
 local function entry(i)
   if i >= k then return floor and (base + floor) * 1000 end
   local v = cache[i]
   if v == nil then
-    v = tonumber(redis.call('LINDEX', key, i))
+    v = tonumber(first[i + 1] or redis.call('LINDEX', key, i))
     if not v then corrupt('sliding log') end
     v = (base + v) * 1000
     cache[i] = v
@@ -47,7 +52,7 @@ end
 local function above(t, inclusive)
   local lo, hi = 0, k
   while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
+    local mid = (lo + hi - (lo + hi) % 2) / 2
     local e = entry(mid)
     if e > t or (inclusive and e == t) then lo = mid + 1 else hi = mid end
   end
@@ -61,11 +66,15 @@ local function used(i, x, tol)
   local horizon = x + win[i] + tol + maxtol + 1000
   if k > 0 and entry(0) >= horizon then skip = above(horizon, true) end
   local lo, hi = skip, math.min(k, skip + lim[i])
+  local edge = x - win[i]
+  -- the usual answers first: all of them inside (long windows) or none (short ones)
+  if lo < hi and entry(hi - 1) > edge then lo = hi end
+  if lo < hi and entry(lo) <= edge then hi = lo end
   while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if entry(mid) > x - win[i] then lo = mid + 1 else hi = mid end
+    local mid = (lo + hi - (lo + hi) % 2) / 2
+    if entry(mid) > edge then lo = mid + 1 else hi = mid end
   end
-  if lo == k and floor and (base + floor) * 1000 > x - win[i] then return lim[i] end
+  if lo == k and floor and (base + floor) * 1000 > edge then return lim[i] end
   return lo - skip
 end
 
@@ -124,7 +133,7 @@ local function rebase(nb)
   for j = 1, #out, 4000 do
     redis.call('RPUSH', key, unpack(out, j, math.min(#out, j + 3999)))
   end
-  base = nb
+  base, first = nb, {}
 end
 
 -- Put cost copies of stamp_ms in their sorted place, trim, and set the TTL.
@@ -137,7 +146,9 @@ local function insert(stamp_ms, tol)
     rebase(stamp_ms)
   end
   local off = fmt(stamp_ms - base)
-  local at = (k > 0 and entry(0) > stamp_ms * 1000) and above(stamp_ms * 1000, false) or 0
+  local top = stamp_ms * 1000  -- the newest stamp after this
+  if k > 0 and entry(0) > top then top = entry(0) end
+  local at = top > stamp_ms * 1000 and above(stamp_ms * 1000, false) or 0
   if at == 0 then
     local left = cost
     while left > 0 do
@@ -153,7 +164,7 @@ local function insert(stamp_ms, tol)
     for _ = 1, cost do redis.call('LINSERT', key, 'BEFORE', pivot, off) end
   end
   k = k + cost
-  cache = {}
+  cache, first = {[0] = top}, {}  -- the prefetched text is out of date now
   local meta_changed = tol > maxtol
   maxtol = math.max(maxtol, tol)
   if k > maxlim then
@@ -166,7 +177,7 @@ local function insert(stamp_ms, tol)
   end
   if meta_changed then redis.call('LSET', key, k, meta_text()) end
   len = k + 2
-  redis.call('PEXPIRE', key, ttl_ms(entry(0) + maxwin - now))
+  redis.call('PEXPIRE', key, ttl_ms(top + maxwin - now))
 end
 
 -- Remove one booking or admission (cost copies) stamped stamp_us.
@@ -176,7 +187,7 @@ local function release(stamp_us)
   if removed > 0 then
     k = k - removed
     len = k + 2
-    cache = {}
+    cache, first = {}, {}
     if k == 0 and not floor then
       redis.call('DEL', key)
       len, k, maxtol = 0, 0, 0
