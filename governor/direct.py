@@ -76,7 +76,8 @@ class Lane:
         Redis never got it. ``args[0]`` and ``args[1]`` (a limiter's packed rules and the
         operation) are the same call after call, so their bytes are packed once."""
         conn = self._take()
-        encode = conn.encoder.encode
+        encoder = conn.encoder
+        encode = encoder.encode
         frame_key = (sha, len(keys), len(args), type(args[0]), args[0], type(args[1]), args[1])
         frame = self._frames.get(frame_key)
         if frame is None:
@@ -85,10 +86,22 @@ class Lane:
             frame = (head, _bulk(encode(args[0])) + _bulk(encode(args[1])))
             if len(self._frames) < 4096:
                 self._frames[frame_key] = frame
+        # redis-py's encoding (str in the connection's encoding, int in decimal), done inline
+        charset, errors = encoder.encoding, encoder.encoding_errors
         parts = [frame[0]]
-        parts += [_bulk(encode(k)) for k in keys]
+        for key in keys:
+            data = key.encode(charset, errors) if type(key) is str else encode(key)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
         parts.append(frame[1])
-        parts += [_bulk(encode(a)) for a in args[2:]]
+        for arg in args[2:]:
+            kind = type(arg)
+            if kind is int:
+                data = b"%d" % arg
+            elif kind is str:
+                data = arg.encode(charset, errors)
+            else:
+                data = encode(arg)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
         try:
             sock = conn._sock
             if sock is None:

@@ -61,6 +61,21 @@ def test_decoded_replies(redis_server: ServerHandle, prefix: str) -> None:
     assert lim.peek("s", now=T0).blocked == "why not"
 
 
+@pytest.mark.parametrize("charset", ["utf-8", "latin-1"])
+def test_keys_are_encoded_as_the_client_would(
+    redis_server: ServerHandle, prefix: str, charset: str
+) -> None:
+    client = redis.Redis.from_url(redis_server.url(), encoding=charset)
+    lean = Limiter(client, "2/s", name="enc", prefix=prefix)
+    plain = Limiter(client, "2/s", name="enc", prefix=prefix, direct=False)
+    assert lean._lane() is not None
+    subject = "Kunde-\u00df"  # one key name, two byte forms
+    assert lean.acquire(subject, now=T0).allowed
+    assert plain.acquire(subject, now=T0).allowed  # the same key: the limit is reached
+    assert not lean.acquire(subject, now=T0).allowed
+    assert client.exists(lean.keys(subject)[0]) == 1
+
+
 def test_threads_each_get_a_connection_and_the_limit_holds(r: redis.Redis, prefix: str) -> None:
     lim = Limiter(r, "500/m", name="threads", prefix=prefix)
     admitted: list[int] = []
