@@ -68,6 +68,12 @@ class Limiter(LimiterBase):
         )
         return self._decision(await self._eval(self._script, call), cost)
 
+    async def lease(
+        self, subject: Subject, cost: int = 1, *, span: float, now: float | None = None
+    ) -> Decision:
+        call = self._call("lease", subject, cost, now, tolerance=span)
+        return self._decision(await self._eval(self._script, call), cost)
+
     async def claim(
         self,
         subject: Subject,

@@ -142,6 +142,11 @@ class LimiterBase:
         tolerance: float = 0.0,
         slot: Slot | None = None,
     ) -> Call:
+        if op == "lease" and not self.algorithm.books:
+            raise ConfigError(
+                f"lease needs an algorithm that books (sliding_log, gcra), not "
+                f"{self.algorithm.name}"
+            )
         if op in ("reserve", "claim") and not self.algorithm.books:
             if not_before is not None:
                 raise ConfigError(
@@ -163,6 +168,8 @@ class LimiterBase:
             args += [slot.start_us, slot.end_us, wait, _us(tolerance, "tolerance")]
         elif op == "refund" and slot:
             args += [slot.start_us, slot.end_us]
+        elif op == "lease":
+            args.append(_us(tolerance, "span"))
         return list(self.keys(subject)), args
 
     def _block_call(

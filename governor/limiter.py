@@ -117,6 +117,23 @@ class Limiter(LimiterBase):
         )
         return self._decision(self._eval(self._script, call), cost)
 
+    def lease(
+        self, subject: Subject, cost: int = 1, *, span: float, now: float | None = None
+    ) -> Decision:
+        """Admit ``cost`` units now that may be used at any moment up to ``span`` seconds later.
+
+        For callers that admit work locally in batches: the units are counted as a booking
+        whose slot is now (stamped at its end), so the rules hold on whenever each unit is
+        actually used within the span. Units left unused stay counted unless refunded
+        (``refund(subject, decision, unused)``: the sliding log gives back exactly those; gcra
+        only a whole lease that is still its newest). Denied as :meth:`acquire` is. Only for
+        the algorithms that book (sliding_log, gcra).
+        """
+        return self._decision(
+            self._eval(self._script, self._call("lease", subject, cost, now, tolerance=span)),
+            cost,
+        )
+
     def claim(
         self,
         subject: Subject,

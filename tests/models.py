@@ -141,13 +141,14 @@ class SlidingLog:
             if now <= end:
                 return (True, 0, 0, self._remaining(now, 0), self._reset(now), *slot)
             op = "reserve"  # late: the missed slot stays spent
-        at, rule = self._place(now, cost, 0)
+        span = tol if op == "lease" else 0  # a lease: a booking whose slot is now
+        at, rule = self._place(now, cost, span)
         if at is not None and at <= now and (op != "reserve" or not_before <= now):
-            stamp = -(-now // 1000)
+            stamp = -(-(now + span) // 1000)
             remaining = self._remaining(now, cost)
             if op == "peek":
                 return (True, 0, 0, remaining, self._reset(now), 0, 0)
-            self._insert(stamp, cost, 0)
+            self._insert(stamp, cost, span)
             return (True, 0, 0, remaining, self._reset(now), now, stamp * 1000)
         if op != "reserve":
             wait = at - now if at is not None else self._reset(now)
@@ -259,7 +260,8 @@ class Gcra:
             op = "reserve"
         at, rule = self._earliest(now, cost)
         if at <= now and (op != "reserve" or not_before <= now):
-            tat = [max(x, now) + cost * t for x, t in zip(self.tat, self.T)]
+            eff = now + tol if op == "lease" else now  # a lease counts at the end of its span
+            tat = [max(x, eff) + cost * t for x, t in zip(self.tat, self.T)]
             if op == "peek":
                 return (True, 0, 0, self._remaining(now, tat), self._reset(now, tat), 0, 0)
             before, self.tat = self.tat[0], tat
@@ -270,7 +272,7 @@ class Gcra:
                 self._remaining(now, tat),
                 self._reset(now, tat),
                 now,
-                max(before, now),
+                max(before, eff),
             )
         if op != "reserve":
             return (

@@ -211,3 +211,47 @@ def test_a_releaser_killed_mid_release_loses_and_duplicates_nothing(
     time.sleep(3)
     runs = nodes.runs()
     assert sorted(r["n"] for r in runs) == [0, 1, 2, 3], runs
+
+
+def _scripts_run(store: object) -> int:
+    stats = store.info("commandstats")  # type: ignore[attr-defined]
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+
+
+@pytest.mark.parametrize(
+    "quota", [{"rules": "20000/s"}, {"rules": "100000/s", "algorithm": "gcra"}]
+)
+def test_leases_under_a_generous_quota(
+    nodes_factory: object, redis_server: ServerHandle, quota: dict[str, str]
+) -> None:
+    """Under a quota with plenty of room, each pool process takes admissions a few at a time:
+    far fewer Redis decisions than tasks, and every task runs once."""
+    import redis
+
+    queue = f"ls-{uuid.uuid4().hex[:6]}"
+    nodes = nodes_factory({queue: quota})  # type: ignore[operator]
+    nodes.start(1, concurrency=2, queues=[queue])
+    store = redis.Redis.from_url(redis_server.url(2))
+    before = _scripts_run(store)  # the server's: kombu's own scripts count too (a few)
+    publish(nodes, queue, 600)
+    runs = nodes.wait_runs(600, timeout=60)
+    assert not nodes.failures(), nodes.failures()[:3]
+    assert len({r["id"] for r in runs}) == 600 and len(runs) == 600
+    scripts = _scripts_run(store) - before
+    assert scripts < 200, f"{scripts} scripts for 600 tasks: leases were not used"
+    print(f"\n600 tasks, {scripts} scripts")
+
+
+def test_leases_keep_the_limit_on_start_times(nodes_factory: object) -> None:
+    """Leases are taken while the quota has room and stop as it fills: on 2 nodes x 2
+    processes running flat out, no second of start times holds more than the quota."""
+    queue = f"lq-{uuid.uuid4().hex[:6]}"
+    nodes = nodes_factory({queue: "150/s"})  # type: ignore[operator]
+    nodes.start(2, concurrency=2, queues=[queue])
+    publish(nodes, queue, 900)
+    runs = nodes.wait_runs(900, timeout=60)
+    assert not nodes.failures(), nodes.failures()[:3]
+    assert len({r["id"] for r in runs}) == 900 and len(runs) == 900
+    worst = most_in_window(sorted(r["t"] for r in runs), 1.0)
+    assert worst <= 150 + 1, f"{worst} starts within one second under 150/s"
+    print(f"\nmax {worst} in 1s; {sum(1 for r in runs if not r['waits'])} ran without waiting")

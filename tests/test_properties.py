@@ -41,7 +41,7 @@ long_rules_st = st.lists(  # logs longer than the first read of the sliding log 
 def steps_st(books: bool, big: bool = False) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     ops = ["acquire", "acquire", "acquire", "peek", "refund", "usage"]
     if books:
-        ops += ["reserve", "reserve", "claim", "claim"]
+        ops += ["reserve", "reserve", "claim", "claim", "lease"]
     dt = st.one_of(
         st.just(0),
         st.integers(0, 3_000),
@@ -129,6 +129,9 @@ def run_scenario(
             e = model.decide(
                 "reserve", now, cost, not_before=now + nb if nb else 0, max_wait=max_wait, tol=tol
             )
+        elif op == "lease":
+            d = limiter.lease(subj, cost, span=tol / US, now=t)
+            e = model.decide("lease", now, cost, tol=tol)
         else:
             d = getattr(limiter, op)(subj, cost, now=t)
             e = model.decide(op, now, cost)
@@ -187,7 +190,7 @@ def test_actual_starts_never_exceed_a_window(
     pending: list[tuple[Slot, int]] = []  # bookings not yet claimed
     next_id = 0
     ops = ["acquire", "acquire", "refund"] + (
-        ["reserve", "reserve", "claim", "claim"] if books else []
+        ["reserve", "reserve", "claim", "claim", "lease"] if books else []
     )
     for i in range(data.draw(st.integers(1, 60), label="length")):
         now += data.draw(
@@ -208,6 +211,17 @@ def test_actual_starts_never_exceed_a_window(
             if d.booked:
                 pending.append((d.slot, cost))
                 d = None
+        elif op == "lease":
+            span = data.draw(st.sampled_from([0, 1_000, 50_000, 2 * US]), label="span")
+            d = limiter.lease("s", cost, span=span / US, now=now / US)
+            if d.allowed:  # each unit starts some time within the span; some never do
+                unused = data.draw(st.integers(0, cost), label="unused")
+                for _ in range(cost - unused):
+                    started[next_id] = (now + data.draw(st.integers(0, span), label="at"), 1)
+                    next_id += 1
+                if unused:
+                    limiter.refund("s", d.slot, unused, now=now / US)
+            d = None
         elif op == "claim" and pending:
             j = data.draw(st.integers(0, len(pending) - 1), label="which")
             slot, cost = pending.pop(j)

@@ -151,6 +151,8 @@ class Governor:
             logger.critical("governor: %s", exc)
             raise SystemExit(f"governor: {exc}") from exc
         installed = [task.name for task in self.app.tasks.values() if self.install(task)]
+        celery_signals.worker_process_shutdown.connect(self._release_leases, weak=False)
+        celery_signals.worker_shutdown.connect(self._release_leases, weak=False)
         logging.getLogger("celery.app.trace").addFilter(_HideDeferrals())
         if self.settings.metrics_port is not None:
             try:
@@ -171,6 +173,14 @@ class Governor:
             len(installed),
             ", ".join(f"{q}={c.text}" for q, c in self.settings.queues.items()) or "-",
         )
+
+    def _release_leases(self, **_: Any) -> None:
+        """Give back the admissions this process leased and did not use."""
+        if self._gate is not None:
+            try:
+                self._gate.leases.release()
+            except Exception as exc:  # shutting down: what stays counted only makes it stricter
+                logger.warning("governor: could not give back leased admissions: %s", exc)
 
     def _is_mine(self, sender: Any) -> bool:
         return getattr(sender, "app", None) is self.app

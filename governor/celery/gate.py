@@ -33,6 +33,7 @@ from ..limiter import Limiter
 from . import parking, signals
 from .decide import Held, Outcome, acquire_all, claim_all, refund, reserve_all
 from .early import EarlyDeferral
+from .leases import Leases
 from .limits import (
     LimitSpec,
     call_with_arguments,
@@ -78,6 +79,7 @@ class Gate:
         self._longest = 0.0
         self._summary_at = time.monotonic()
         self.early = EarlyDeferral(self)
+        self.leases = Leases(settings.lease_span)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -194,7 +196,7 @@ class Gate:
                 request.headers[HEADER] = state.header()
             if not specs:
                 return None
-            outcome = self.decide(specs, cost, state)
+            outcome = self.decide(specs, cost, state, lease=True)
         except StorageUnavailable as exc:
             signals.storage_unavailable.send(
                 sender=task, request=request, error=exc, fail_mode=self.settings.fail_mode
@@ -287,7 +289,11 @@ class Gate:
                 state.waits,
             )
 
-    def decide(self, specs: list[LimitSpec], cost: int, state: WaitState) -> Outcome:
+    def decide(
+        self, specs: list[LimitSpec], cost: int, state: WaitState, *, lease: bool = False
+    ) -> Outcome:
+        """One answer for a call under ``specs``; ``lease``: the task starts right after an
+        admission (the pool), so it may come from a lease (see :mod:`.leases`)."""
         limiters = [(self.limiter(s.name, s.config), s) for s in specs]
         if not all(lim.algorithm.books for lim, _ in limiters):
             return acquire_all(limiters, cost)
@@ -297,7 +303,14 @@ class Gate:
             )
             if outcome is not None:
                 return outcome
-        return self.reserve_all(limiters, cost)
+        elif lease:
+            outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
+            if outcome is not None:
+                return outcome
+        outcome = self.reserve_all(limiters, cost)
+        if lease:
+            self.leases.observe(outcome.held)
+        return outcome
 
     def refund(self, held: Held, cost: int) -> None:
         refund(held, cost)

@@ -16,6 +16,9 @@ setting                        meaning (default)
 ``governor_early_sleep``       an early arrival sleeps up to this long instead of
                                being re-published, seconds (0.5)
 ``governor_socket_timeout``    Redis socket timeout for decisions, seconds (2.0)
+``governor_lease_span``        under limits with plenty of room, a pool process takes a few
+                               admissions at once and uses them within this many seconds
+                               (0.2; 0: one Redis call per task); see governor.celery.leases
 ``governor_park_after``        waits longer than this (seconds) are parked in Redis rather than
                                given to the broker as ETAs (default: half the broker's
                                visibility timeout, at most 300; False: never park)
@@ -77,6 +80,7 @@ class Settings:
     late_tolerance: float = 0.025
     early_sleep: float = 0.5
     socket_timeout: float = 2.0
+    lease_span: float = 0.2
     park_after: float | None = 300.0
     release_interval: float = 1.0
     release_lease: float = 30.0
@@ -214,4 +218,5 @@ def load_settings(conf: Any) -> Settings:
         socket_timeout=seconds(
             get("governor_socket_timeout", 2.0), "governor_socket_timeout", minimum=0.01
         ),
+        lease_span=seconds(get("governor_lease_span", 0.2), "governor_lease_span"),
     )

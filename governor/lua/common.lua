@@ -4,15 +4,17 @@
 -- KEYS[2]  the subject's manual block: a string "<until_us>:<reason>"
 -- ARGV[1]  the rules, packed once per limiter: little-endian doubles limit_1, ..., limit_n,
 --          window_us_1, ..., window_us_n, then the algorithm's extra (sliding_window: precision)
--- ARGV[2]  op: acquire | peek | reserve | claim | refund | usage
+-- ARGV[2]  op: acquire | peek | reserve | claim | refund | usage | lease
 -- ARGV[3]  now in microseconds since the Unix epoch, or '' to read Redis TIME
 -- ARGV[4]  cost (positive integer)
 -- reserve: ARGV[5] not_before_us (0 = now), ARGV[6] max_wait_us (-1 = no limit),
 --          ARGV[7] tolerance_us (how late a booked task may start)
 -- claim:   ARGV[5] slot_start_us, ARGV[6] slot_end_us, ARGV[7] max_wait_us, ARGV[8] tolerance_us
 -- refund:  ARGV[5] slot_start_us, ARGV[6] slot_end_us
+-- lease:   ARGV[5] span_us: admit now, counted as if started at any moment up to span_us
+--          later (algorithms that book: a booking whose slot is now)
 --
--- Decision reply (acquire, peek, reserve, claim), one string of space-separated fields:
+-- Decision reply (acquire, peek, reserve, claim, lease), one string of space-separated fields:
 --   "allowed(0|1) retry_after_us(-1 = never) rule(1-based; 0 none; -1 manual block) remaining
 --    reset_after_us now_us slot_start_us slot_end_us block_reason" (the reason last: it may hold
 --   spaces). One bulk reply parses much faster in clients than a nine-element array.
@@ -37,6 +39,8 @@ elseif op == 'claim' then
   max_wait, tol = tonumber(ARGV[7]), tonumber(ARGV[8])
 elseif op == 'refund' then
   slot_start, slot_end = tonumber(ARGV[5]), tonumber(ARGV[6])
+elseif op == 'lease' then
+  tol = tonumber(ARGV[5])
 end
 local n = math.floor(#ARGV[1] / 16)
 local rules_format = '<' .. string.rep('d', n)

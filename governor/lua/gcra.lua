@@ -114,11 +114,13 @@ end
 local at, rule = earliest(now)
 if at <= now and (op ~= 'reserve' or not_before <= now) then
   local before = tat[1]
-  advance(now)
+  -- a lease counts as emitted at the end of its span (a booking whose slot is now)
+  local eff = op == 'lease' and now + tol or now
+  advance(eff)
   if op == 'peek' then return decision(1, 0, 0, remaining(now), reset_after(), 0, 0, '') end
   store()
   -- the slot's end is where this admission sits in rule 1's schedule (for refunds)
-  return decision(1, 0, 0, remaining(now), reset_after(), now, math.max(before, now), '')
+  return decision(1, 0, 0, remaining(now), reset_after(), now, math.max(before, eff), '')
 end
 if op ~= 'reserve' then
   return decision(0, at - now, rule, remaining(now), reset_after(), 0, 0, '')

@@ -241,12 +241,14 @@ if op == 'claim' then
   op = 'reserve'
 end
 
-local at, rule = place(now, 0)
+-- A lease is admitted now and stamped like a booking at now that may start up to span later.
+local span = op == 'lease' and tol or 0
+local at, rule = place(now, span)
 if at and at <= now and (op ~= 'reserve' or not_before <= now) then
-  local stamp = math.ceil(now / 1000)
+  local stamp = math.ceil((now + span) / 1000)
   local rem = remaining(cost)
   if op == 'peek' then return decision(1, 0, 0, rem, reset_after(), 0, 0, '') end
-  insert(stamp, 0)
+  insert(stamp, span)
   return decision(1, 0, 0, rem, reset_after(), now, stamp * 1000, '')
 end
 if op ~= 'reserve' then

@@ -1,0 +1,142 @@
+"""Admissions a pool process takes a few at a time, under limits with plenty of room.
+
+Under a generous limit (a queue quota far above what the workers run), every task would still
+pay one Redis round trip before its body. Instead, once a limit has shown plenty of room, the
+pool process asks for a few units more than the task needs (:meth:`Limiter.lease`): they are
+counted at once, as a booking whose slot is now and that may start up to
+``governor_lease_span`` seconds later, and the next tasks of this process under the same limits
+take them without asking Redis. The rules hold on actual start times, as they do for bookings;
+the local deadline is taken before the request is sent, so it ends no later than the span
+Redis counted.
+
+How many: 2 at first, then twice what the previous lease held when it was used up in time, or
+what it used when it was not; never more than 64, nor more than a sixteenth of the room the
+limit reported, so with less than 32 units of room no lease is taken and every task asks Redis.
+Units left when a lease is dropped are given back (the sliding log removes exactly those; gcra
+keeps them counted, which only makes it stricter for a moment).
+
+Only limits whose algorithm books (sliding_log, gcra), only for tasks that hold no bookings, and
+only when every limit of the task holds a lease; otherwise the task asks Redis as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..decision import Decision
+from ..limiter import Limiter
+from .decide import Held, Outcome, refund
+from .limits import LimitSpec
+
+__all__ = ["Leases"]
+
+FIRST = 2
+MOST = 64
+SHARE = 16
+"""A lease takes at most 1/SHARE of the room the limit last reported."""
+MARGIN = 0.005
+"""The local deadline ends this long (seconds) before the span Redis counted."""
+
+
+@dataclass(slots=True)
+class _Lease:
+    lim: Limiter
+    decision: Decision
+    left: int
+    until: float  # monotonic
+    size: int  # units taken beyond the first task's
+
+
+class Leases:
+    """The leases of one process (threads share them)."""
+
+    def __init__(self, span: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.span = span
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._held: dict[LimitSpec, _Lease] = {}
+        self._room: dict[LimitSpec, int] = {}
+        self._next: dict[LimitSpec, int] = {}
+
+    def _mine(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's leases are the parent's
+            self._held, self._room, self._next = {}, {}, {}
+            self._pid = os.getpid()
+
+    def take(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
+        """Admit from leases this process holds for every limit, or None."""
+        if self.span <= 0:
+            return None
+        now = self.clock()
+        with self._lock:
+            self._mine()
+            leases = []
+            for _, spec in limiters:
+                lease = self._held.get(spec)
+                if lease is None or lease.left < cost or now >= lease.until:
+                    return None
+                leases.append(lease)
+            for lease in leases:
+                lease.left -= cost
+        held: Held = [(x.lim, spec, x.decision) for x, (_, spec) in zip(leases, limiters)]
+        return Outcome(True, held=held)
+
+    def grant(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
+        """Admit this task with a new lease from every limit (one call per limit), or None
+        when a limit has too little room (the caller then decides as usual)."""
+        if self.span <= 0 or not all(lim.algorithm.books for lim, _ in limiters):
+            return None
+        with self._lock:
+            self._mine()
+            dropped = [self._drop(spec) for _, spec in limiters]  # spent, expired or partial
+            sizes = [
+                min(self._next.get(spec, FIRST), MOST, self._room.get(spec, 0) // SHARE)
+                for _, spec in limiters
+            ]
+        for (lim, spec), lease in zip(limiters, dropped):
+            if lease is not None and lease.left and lim.algorithm.name == "sliding_log":
+                lim.refund(spec.subject, lease.decision, lease.left)
+        if min(sizes) < FIRST:
+            return None
+        taken: list[tuple[Limiter, LimitSpec, Decision, float]] = []
+        for (lim, spec), size in zip(limiters, sizes):
+            sent = self.clock()
+            d = lim.lease(spec.subject, cost + size, span=self.span)
+            self._room[spec] = d.remaining
+            if not d.allowed:
+                for lim_, spec_, d_, _ in taken:  # all of it: nothing was used yet
+                    lim_.refund(spec_.subject, d_, d_.cost)
+                return None
+            taken.append((lim, spec, d, sent))
+        with self._lock:
+            for (lim, spec, d, sent), size in zip(taken, sizes):
+                self._held[spec] = _Lease(lim, d, size, sent + self.span - MARGIN, size)
+        return Outcome(True, now=taken[-1][2].now, held=[(lim, s, d) for lim, s, d, _ in taken])
+
+    def _drop(self, spec: LimitSpec) -> _Lease | None:
+        """Forget a spent or expired lease and size the next one after it (lock held)."""
+        lease = self._held.pop(spec, None)
+        if lease is not None:
+            used = lease.size - lease.left
+            self._next[spec] = min(MOST, 2 * lease.size) if lease.left == 0 else max(FIRST, used)
+        return lease
+
+    def observe(self, held: Held) -> None:
+        """Remember the room the limits reported (after a decision made without a lease)."""
+        if self.span > 0:
+            for _, spec, d in held:
+                self._room[spec] = d.remaining
+
+    def release(self) -> None:
+        """Give back what the leases of this process still hold (worker shutdown)."""
+        with self._lock:
+            self._mine()
+            held, self._held = self._held, {}
+        for spec, lease in held.items():
+            if lease.left and lease.lim.algorithm.name == "sliding_log":
+                refund([(lease.lim, spec, lease.decision)], lease.left)

@@ -1,0 +1,110 @@
+"""A pool process's leases (governor.celery.leases) against a real Redis: when they are taken,
+how they grow and shrink, what is given back. The local deadline runs on a test clock."""
+
+from __future__ import annotations
+
+import redis
+
+from governor import Limiter
+from governor.celery.leases import Leases
+from governor.celery.limits import LimitSpec
+from governor.celery.settings import LimitConfig
+from governor.rules import parse_rules
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def limit(
+    r: redis.Redis, prefix: str, name: str, rules: str, algorithm: str = "sliding_log"
+) -> tuple[Limiter, LimitSpec]:
+    lim = Limiter(r, rules, name=name, prefix=prefix, algorithm=algorithm)
+    return lim, LimitSpec("queue", name, LimitConfig(parse_rules(rules), algorithm), "q")
+
+
+def used(lim: Limiter) -> int:
+    return lim.usage("q").rules[0].used
+
+
+def seen(leases: Leases, pair: tuple[Limiter, LimitSpec]) -> None:
+    """A decision without a lease, which tells the leases how much room there is."""
+    lim, spec = pair
+    d = lim.acquire(spec.subject)
+    assert d.allowed
+    leases.observe([(lim, spec, d)])
+
+
+def test_leases_need_room_then_grow_while_they_are_used_up(r: redis.Redis, prefix: str) -> None:
+    clock = Clock()
+    leases = Leases(0.2, clock)
+    pair = limit(r, prefix, "roomy", "1000/s")
+    lim, _ = pair
+    assert leases.take([pair], 1) is None
+    assert leases.grant([pair], 1) is None  # no room seen yet
+    seen(leases, pair)
+    first = leases.grant([pair], 1)
+    assert first is not None and first.allowed and first.held[0][2].cost == 3  # 1 + 2 leased
+    assert [leases.take([pair], 1) is not None for _ in range(3)] == [True, True, False]
+    second = leases.grant([pair], 1)  # the first was used up in time: twice as many
+    assert second is not None and second.held[0][2].cost == 1 + 4
+    assert used(lim) == 1 + 3 + 5
+    assert lim.usage("q").booked == 3 + 5  # counted at the end of their span
+
+
+def test_an_expired_lease_gives_back_what_it_did_not_use(r: redis.Redis, prefix: str) -> None:
+    clock = Clock()
+    leases = Leases(0.2, clock)
+    pair = limit(r, prefix, "roomy", "1000/s")
+    lim, _ = pair
+    seen(leases, pair)
+    assert leases.grant([pair], 1) is not None  # 1 + 2
+    assert leases.take([pair], 1) is not None
+    clock.t += 0.2  # past the span: the last leased unit is not used
+    assert leases.take([pair], 1) is None
+    again = leases.grant([pair], 1)
+    assert again is not None and again.held[0][2].cost == 1 + 2  # what was used, at least 2
+    assert used(lim) == 1 + (3 - 1) + 3
+
+
+def test_tight_limits_are_asked_every_time(r: redis.Redis, prefix: str) -> None:
+    leases = Leases(0.2, Clock())
+    pair = limit(r, prefix, "tight", "30/s")
+    seen(leases, pair)  # 29 left: a lease of 2 would take more than a sixteenth
+    assert leases.grant([pair], 1) is None
+    off = Leases(0.0, Clock())
+    roomy = limit(r, prefix, "roomy", "1000/s")
+    seen(off, roomy)
+    assert off.grant([roomy], 1) is None and off.take([roomy], 1) is None
+
+
+def test_every_limit_leases_or_none_does(r: redis.Redis, prefix: str) -> None:
+    leases = Leases(0.2, Clock())
+    a, b = limit(r, prefix, "a", "1000/s"), limit(r, prefix, "b", "1000/s", "gcra")
+    seen(leases, a)
+    seen(leases, b)
+    b[0].block("q", 60, "maintenance")
+    assert leases.grant([a, b], 1) is None  # b denies: a's lease is given back whole
+    assert used(a[0]) == 1
+    b[0].unblock("q")
+    assert leases.grant([a, b], 1) is None  # b's denial left no room to lease from
+    seen(leases, b)
+    outcome = leases.grant([a, b], 1)
+    assert outcome is not None and [d.cost for _, _, d in outcome.held] == [3, 3]
+    assert leases.take([a], 1) is not None  # a's lease serves a task under a alone
+    assert leases.take([a, b], 1) is not None
+    assert leases.take([a, b], 1) is None  # a has none left
+
+
+def test_shutdown_gives_back_what_is_left(r: redis.Redis, prefix: str) -> None:
+    leases = Leases(0.2, Clock())
+    pair = limit(r, prefix, "roomy", "1000/s")
+    seen(leases, pair)
+    assert leases.grant([pair], 2) is not None  # 2 + 2
+    leases.release()
+    assert used(pair[0]) == 1 + 2
+    assert leases.take([pair], 1) is None
