@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..decision import Decision
 from ..limiter import Limiter
-from .decide import Held, Outcome, refund
+from .decide import Held, Outcome
 from .limits import LimitSpec
 
 __all__ = ["Leases"]
@@ -44,7 +44,6 @@ MARGIN = 0.005
 
 @dataclass(slots=True)
 class _Lease:
-    lim: Limiter
     decision: Decision
     left: int
     until: float  # monotonic
@@ -59,9 +58,11 @@ class Leases:
         self.clock = clock
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._held: dict[LimitSpec, _Lease] = {}
-        self._room: dict[LimitSpec, int] = {}
-        self._next: dict[LimitSpec, int] = {}
+        # keyed by (limiter, subject): a limiter hashes by identity (quick), and the keys keep
+        # it alive, so its identity is never reused by another
+        self._held: dict[tuple[Limiter, str], _Lease] = {}
+        self._room: dict[tuple[Limiter, str], int] = {}
+        self._next: dict[tuple[Limiter, str], int] = {}
 
     def _mine(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's leases are the parent's
@@ -76,14 +77,14 @@ class Leases:
         with self._lock:
             self._mine()
             leases = []
-            for _, spec in limiters:
-                lease = self._held.get(spec)
+            for lim, spec in limiters:
+                lease = self._held.get((lim, spec.subject))
                 if lease is None or lease.left < cost or now >= lease.until:
                     return None
                 leases.append(lease)
             for lease in leases:
                 lease.left -= cost
-        held: Held = [(x.lim, spec, x.decision) for x, (_, spec) in zip(leases, limiters)]
+        held: Held = [(lim, spec, x.decision) for x, (lim, spec) in zip(leases, limiters)]
         return Outcome(True, held=held)
 
     def grant(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
@@ -93,10 +94,11 @@ class Leases:
             return None
         with self._lock:
             self._mine()
-            dropped = [self._drop(spec) for _, spec in limiters]  # spent, expired or partial
+            keys = [(lim, spec.subject) for lim, spec in limiters]
+            dropped = [self._drop(key) for key in keys]  # spent, expired or partial
             sizes = [
-                min(self._next.get(spec, FIRST), MOST, self._room.get(spec, 0) // SHARE)
-                for _, spec in limiters
+                min(self._next.get(key, FIRST), MOST, self._room.get(key, 0) // SHARE)
+                for key in keys
             ]
         for (lim, spec), lease in zip(limiters, dropped):
             if lease is not None and lease.left and lim.algorithm.name == "sliding_log":
@@ -107,7 +109,7 @@ class Leases:
         for (lim, spec), size in zip(limiters, sizes):
             sent = self.clock()
             d = lim.lease(spec.subject, cost + size, span=self.span)
-            self._room[spec] = d.remaining
+            self._room[lim, spec.subject] = d.remaining
             if not d.allowed:
                 for lim_, spec_, d_, _ in taken:  # all of it: nothing was used yet
                     lim_.refund(spec_.subject, d_, d_.cost)
@@ -115,28 +117,28 @@ class Leases:
             taken.append((lim, spec, d, sent))
         with self._lock:
             for (lim, spec, d, sent), size in zip(taken, sizes):
-                self._held[spec] = _Lease(lim, d, size, sent + self.span - MARGIN, size)
+                self._held[lim, spec.subject] = _Lease(d, size, sent + self.span - MARGIN, size)
         return Outcome(True, now=taken[-1][2].now, held=[(lim, s, d) for lim, s, d, _ in taken])
 
-    def _drop(self, spec: LimitSpec) -> _Lease | None:
+    def _drop(self, key: tuple[Limiter, str]) -> _Lease | None:
         """Forget a spent or expired lease and size the next one after it (lock held)."""
-        lease = self._held.pop(spec, None)
+        lease = self._held.pop(key, None)
         if lease is not None:
             used = lease.size - lease.left
-            self._next[spec] = min(MOST, 2 * lease.size) if lease.left == 0 else max(FIRST, used)
+            self._next[key] = min(MOST, 2 * lease.size) if lease.left == 0 else max(FIRST, used)
         return lease
 
     def observe(self, held: Held) -> None:
         """Remember the room the limits reported (after a decision made without a lease)."""
         if self.span > 0:
-            for _, spec, d in held:
-                self._room[spec] = d.remaining
+            for lim, spec, d in held:
+                self._room[lim, spec.subject] = d.remaining
 
     def release(self) -> None:
         """Give back what the leases of this process still hold (worker shutdown)."""
         with self._lock:
             self._mine()
             held, self._held = self._held, {}
-        for spec, lease in held.items():
-            if lease.left and lease.lim.algorithm.name == "sliding_log":
-                refund([(lease.lim, spec, lease.decision)], lease.left)
+        for (lim, subject), lease in held.items():
+            if lease.left and lim.algorithm.name == "sliding_log":
+                lim.refund(subject, lease.decision, lease.left)
