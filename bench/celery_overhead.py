@@ -6,10 +6,11 @@
 
 One real ``celery worker`` at a time (``-P prefork -c 2`` by default) drains a queue pre-filled
 with no-op tasks. Governed: the queue has a quota of 1,000,000/s (gcra), which never binds, so
-every task pays one decision (one EVALSHA) in the pool process and is admitted. Ungoverned: the
-same app without governor (``--baseline installed``: governor installed, the queue without a
-quota). The two alternate (ABBA order, a fresh worker each time) because the machine is shared
-and noisy; their medians are compared (target: governed >= 0.9x ungoverned).
+every task goes through the gate in the pool process and is admitted: from a lease (a Redis
+call for a few tasks at once; ``--lease-span 0``: one decision, one EVALSHA, per task).
+Ungoverned: the same app without governor (``--baseline installed``: governor installed, the
+queue without a quota). The two alternate (ABBA order, a fresh worker each time) because the
+machine is shared and noisy; their medians are compared (target: governed >= 0.9x ungoverned).
 
 Throughput is measured by the tasks themselves: from the first body start to the last body end,
 across the pool processes (each task records its times and counts itself in one pipelined round
@@ -64,6 +65,8 @@ ENV_STORE = "GOVERNOR_BENCH_STORE"
 ENV_QUEUE = "GOVERNOR_BENCH_QUEUE"
 ENV_LIMIT = "GOVERNOR_BENCH_LIMIT"
 """``rules@algorithm`` for the queue's quota; empty: governor installed without one."""
+ENV_LEASE = "GOVERNOR_BENCH_LEASE_SPAN"
+"""``governor_lease_span`` for the governed worker (unset: governor's default)."""
 
 
 # -- the workers' app (only when a bench worker imports this module) -------------------------
@@ -78,6 +81,8 @@ if os.environ.get(ENV_BROKER):
         from governor.celery import Governor, signals
 
         app.conf.governor_redis_url = os.environ[ENV_STORE]
+        if os.environ.get(ENV_LEASE):
+            app.conf.governor_lease_span = float(os.environ[ENV_LEASE])
         if os.environ.get(ENV_LIMIT):
             rules, _, algorithm = os.environ[ENV_LIMIT].partition("@")
             app.conf.governor_queues = {
@@ -288,6 +293,8 @@ def measure(variant: str, n: int, args: argparse.Namespace, ctx: dict[str, Any])
         env[ENV_STORE] = ctx["store_url"]
     if variant == "governed":
         env[ENV_LIMIT] = f"{args.rule}@{args.algorithm}"
+        if args.lease_span is not None:
+            env[ENV_LEASE] = str(args.lease_span)
     name = f"govbench-{variant}-{n + 1}"
     workers: Workers = ctx["workers"]
     scripts_before = script_stats(client)
@@ -564,6 +571,12 @@ def main(argv: list[str] | None = None) -> int:
         default="plain",
         choices=["plain", "installed"],
         help="ungoverned worker: governor not installed, or installed without a quota (plain)",
+    )
+    parser.add_argument(
+        "--lease-span",
+        type=float,
+        help="governor_lease_span of the governed worker (governor's default; 0: a Redis "
+        "decision for every task)",
     )
     parser.add_argument("--timeout", type=float, help="seconds a round may take (tasks/20, >= 60)")
     args = parser.parse_args(argv)
