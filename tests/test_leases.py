@@ -3,12 +3,16 @@ how they grow and shrink, what is given back. The local deadline runs on a test 
 
 from __future__ import annotations
 
+import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from governor import Limiter
+from governor import Limiter, StorageUnavailable
 from governor.celery.leases import Leases
 from governor.celery.limits import LimitSpec
 from governor.celery.settings import LimitConfig
+from governor.embedded import free_port
 from governor.rules import parse_rules
 
 
@@ -108,3 +112,18 @@ def test_shutdown_gives_back_what_is_left(r: redis.Redis, prefix: str) -> None:
     leases.release()
     assert used(pair[0]) == 1 + 2
     assert leases.take([pair], 1) is None
+
+
+def test_redis_failing_mid_grant_gives_back_what_was_leased(r: redis.Redis, prefix: str) -> None:
+    leases = Leases(0.2, Clock())
+    a = limit(r, prefix, "a", "1000/h")
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    b_lim = Limiter(dead, "1000/h", name="b", prefix=prefix)
+    b = (b_lim, LimitSpec("queue", "b", a[1].config, "q"))
+    seen(leases, a)
+    room = a[0].peek("q")  # a decision saying there is room, as b's last one did
+    leases.observe([(b_lim, b[1], room)])
+    with pytest.raises(StorageUnavailable):
+        leases.grant([a, b], 1)
+    assert used(a[0]) == 1  # a's lease was given back
+    assert leases.take([a], 1) is None

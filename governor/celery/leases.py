@@ -21,18 +21,24 @@ only when every limit of the task holds a lease; otherwise the task asks Redis a
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redis.exceptions import RedisError
+
 from ..decision import Decision
+from ..errors import GovernorError
 from ..limiter import Limiter
 from .decide import Held, Outcome
 from .limits import LimitSpec
 
 __all__ = ["Leases"]
+
+logger = logging.getLogger("governor.celery")
 
 FIRST = 2
 MOST = 64
@@ -101,23 +107,34 @@ class Leases:
                 for key in keys
             ]
         for (lim, spec), lease in zip(limiters, dropped):
-            if lease is not None and lease.left and lim.algorithm.name == "sliding_log":
-                lim.refund(spec.subject, lease.decision, lease.left)
+            if lease is not None:
+                _give_back(lim, spec.subject, lease.decision, lease.left)
         if min(sizes) < FIRST:
             return None
         taken: list[tuple[Limiter, LimitSpec, Decision, float]] = []
-        for (lim, spec), size in zip(limiters, sizes):
-            sent = self.clock()
-            d = lim.lease(spec.subject, cost + size, span=self.span)
-            self._room[lim, spec.subject] = d.remaining
-            if not d.allowed:
-                for lim_, spec_, d_, _ in taken:  # all of it: nothing was used yet
-                    lim_.refund(spec_.subject, d_, d_.cost)
-                return None
-            taken.append((lim, spec, d, sent))
+        try:
+            for (lim, spec), size in zip(limiters, sizes):
+                sent = self.clock()
+                d = lim.lease(spec.subject, cost + size, span=self.span)
+                self._room[lim, spec.subject] = d.remaining
+                if not d.allowed:
+                    break
+                taken.append((lim, spec, d, sent))
+        finally:
+            if len(taken) < len(limiters):  # denied, or Redis failed: all of it, none was used
+                for lim, spec, d, _ in taken:
+                    _give_back(lim, spec.subject, d, d.cost)
+        if len(taken) < len(limiters):
+            return None
+        replaced = []
         with self._lock:
             for (lim, spec, d, sent), size in zip(taken, sizes):
+                old = self._held.get((lim, spec.subject))
+                if old is not None:  # another thread's, granted meanwhile
+                    replaced.append((lim, spec.subject, old))
                 self._held[lim, spec.subject] = _Lease(d, size, sent + self.span - MARGIN, size)
+        for lim, subject, old in replaced:
+            _give_back(lim, subject, old.decision, old.left)
         return Outcome(True, now=taken[-1][2].now, held=[(lim, s, d) for lim, s, d, _ in taken])
 
     def _drop(self, key: tuple[Limiter, str]) -> _Lease | None:
@@ -140,5 +157,17 @@ class Leases:
             self._mine()
             held, self._held = self._held, {}
         for (lim, subject), lease in held.items():
-            if lease.left and lim.algorithm.name == "sliding_log":
-                lim.refund(subject, lease.decision, lease.left)
+            _give_back(lim, subject, lease.decision, lease.left)
+
+
+def _give_back(lim: Limiter, subject: str, lease: Decision, units: int) -> None:
+    """Refund units of a lease that will not be used. The sliding log takes back any of them,
+    gcra only a whole lease that is still its newest; what is not taken back stays counted,
+    which only makes the limit stricter for a moment, so a failure is no reason to fail a task.
+    """
+    if units <= 0 or (lim.algorithm.name != "sliding_log" and units != lease.cost):
+        return
+    try:
+        lim.refund(subject, lease, units)
+    except (GovernorError, RedisError) as exc:
+        logger.debug("governor: leased units of %s not given back: %r", subject, exc)
