@@ -127,3 +127,20 @@ def test_redis_failing_mid_grant_gives_back_what_was_leased(r: redis.Redis, pref
         leases.grant([a, b], 1)
     assert used(a[0]) == 1  # a's lease was given back
     assert leases.take([a], 1) is None
+
+
+def test_expired_leases_of_other_subjects_are_given_back(r: redis.Redis, prefix: str) -> None:
+    """Per-key limits see subjects that never come back: their leftover units are given back
+    by the next grant after the span, whatever its subject."""
+    clock = Clock()
+    leases = Leases(0.2, clock)
+    lim = Limiter(r, "1000/h", name="per-key", prefix=prefix)
+    config = LimitConfig(parse_rules("1000/h"), "sliding_log")
+    one = (lim, LimitSpec("key", "per-key", config, "one"))
+    two = (lim, LimitSpec("key", "per-key", config, "two"))
+    for pair in (one, two):
+        seen(leases, pair)
+    assert leases.grant([one], 1) is not None  # 1 + 2 for "one", never used
+    clock.t += 0.3
+    assert leases.grant([two], 1) is not None
+    assert lim.usage("one").rules[0].used == 1 + 1  # the 2 leased units came back

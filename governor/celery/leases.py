@@ -46,6 +46,8 @@ SHARE = 16
 """A lease takes at most 1/SHARE of the room the limit last reported."""
 MARGIN = 0.005
 """The local deadline ends this long (seconds) before the span Redis counted."""
+MEMORY = 10_000
+"""Limits (limiter, subject) a process remembers the room of; past that it starts afresh."""
 
 
 @dataclass(slots=True)
@@ -69,6 +71,7 @@ class Leases:
         self._held: dict[tuple[Limiter, str], _Lease] = {}
         self._room: dict[tuple[Limiter, str], int] = {}
         self._next: dict[tuple[Limiter, str], int] = {}
+        self._swept = 0.0
 
     def _mine(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's leases are the parent's
@@ -98,17 +101,22 @@ class Leases:
         when a limit has too little room (the caller then decides as usual)."""
         if self.span <= 0 or not all(lim.algorithm.books for lim, _ in limiters):
             return None
+        now = self.clock()
         with self._lock:
             self._mine()
             keys = [(lim, spec.subject) for lim, spec in limiters]
-            dropped = [self._drop(key) for key in keys]  # spent, expired or partial
+            dropped = [(key, self._drop(key)) for key in keys]  # spent, expired or partial
+            if now >= self._swept + self.span:  # and every other expired one
+                self._swept = now
+                expired = [key for key, lease in self._held.items() if lease.until <= now]
+                dropped += [(key, self._drop(key)) for key in expired]
             sizes = [
                 min(self._next.get(key, FIRST), MOST, self._room.get(key, 0) // SHARE)
                 for key in keys
             ]
-        for (lim, spec), lease in zip(limiters, dropped):
+        for (lim, subject), lease in dropped:
             if lease is not None:
-                _give_back(lim, spec.subject, lease.decision, lease.left)
+                _give_back(lim, subject, lease.decision, lease.left)
         if min(sizes) < FIRST:
             return None
         taken: list[tuple[Limiter, LimitSpec, Decision, float]] = []
@@ -116,7 +124,7 @@ class Leases:
             for (lim, spec), size in zip(limiters, sizes):
                 sent = self.clock()
                 d = lim.lease(spec.subject, cost + size, span=self.span)
-                self._room[lim, spec.subject] = d.remaining
+                self._note_room((lim, spec.subject), d.remaining)
                 if not d.allowed:
                     break
                 taken.append((lim, spec, d, sent))
@@ -149,7 +157,17 @@ class Leases:
         """Remember the room the limits reported (after a decision made without a lease)."""
         if self.span > 0:
             for lim, spec, d in held:
-                self._room[lim, spec.subject] = d.remaining
+                self._note_room((lim, spec.subject), d.remaining)
+
+    def _note_room(self, key: tuple[Limiter, str], room: int) -> None:
+        # Only room enough to lease from is kept: per-key limits may see endless subjects.
+        if room < FIRST * SHARE:
+            self._room.pop(key, None)
+            return
+        if len(self._room) >= MEMORY:
+            self._room.clear()
+            self._next.clear()
+        self._room[key] = room
 
     def release(self) -> None:
         """Give back what the leases of this process still hold (worker shutdown)."""
