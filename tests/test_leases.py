@@ -3,6 +3,8 @@ how they grow and shrink, what is given back. The local deadline runs on a test 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import redis
 from redis.backoff import NoBackoff
@@ -14,6 +16,22 @@ from governor.celery.limits import LimitSpec
 from governor.celery.settings import LimitConfig
 from governor.embedded import free_port
 from governor.rules import parse_rules
+
+Made = Callable[[Leases], Leases]
+
+
+@pytest.fixture
+def made() -> Iterator[Made]:
+    """Leases that give back what they hold and stop their timer when the test ends."""
+    every: list[Leases] = []
+
+    def make(leases: Leases) -> Leases:
+        every.append(leases)
+        return leases
+
+    yield make
+    for leases in every:
+        leases.release()
 
 
 class Clock:
@@ -43,9 +61,11 @@ def seen(leases: Leases, pair: tuple[Limiter, LimitSpec]) -> None:
     leases.observe([(lim, spec, d)])
 
 
-def test_leases_need_room_then_grow_while_they_are_used_up(r: redis.Redis, prefix: str) -> None:
+def test_leases_need_room_then_grow_while_they_are_used_up(
+    r: redis.Redis, prefix: str, made: Made
+) -> None:
     clock = Clock()
-    leases = Leases(0.2, clock)
+    leases = made(Leases(0.2, clock))
     pair = limit(r, prefix, "roomy", "1000/s")
     lim, _ = pair
     assert leases.take([pair], 1) is None
@@ -60,9 +80,11 @@ def test_leases_need_room_then_grow_while_they_are_used_up(r: redis.Redis, prefi
     assert lim.usage("q").booked == 3 + 5  # counted at the end of their span
 
 
-def test_an_expired_lease_gives_back_what_it_did_not_use(r: redis.Redis, prefix: str) -> None:
+def test_an_expired_lease_gives_back_what_it_did_not_use(
+    r: redis.Redis, prefix: str, made: Made
+) -> None:
     clock = Clock()
-    leases = Leases(0.2, clock)
+    leases = made(Leases(0.2, clock))
     pair = limit(r, prefix, "roomy", "1000/s")
     lim, _ = pair
     seen(leases, pair)
@@ -75,19 +97,19 @@ def test_an_expired_lease_gives_back_what_it_did_not_use(r: redis.Redis, prefix:
     assert used(lim) == 1 + (3 - 1) + 3
 
 
-def test_tight_limits_are_asked_every_time(r: redis.Redis, prefix: str) -> None:
-    leases = Leases(0.2, Clock())
+def test_tight_limits_are_asked_every_time(r: redis.Redis, prefix: str, made: Made) -> None:
+    leases = made(Leases(0.2, Clock()))
     pair = limit(r, prefix, "tight", "30/s")
     seen(leases, pair)  # 29 left: a lease of 2 would take more than a sixteenth
     assert leases.grant([pair], 1) is None
-    off = Leases(0.0, Clock())
+    off = made(Leases(0.0, Clock()))
     roomy = limit(r, prefix, "roomy", "1000/s")
     seen(off, roomy)
     assert off.grant([roomy], 1) is None and off.take([roomy], 1) is None
 
 
-def test_every_limit_leases_or_none_does(r: redis.Redis, prefix: str) -> None:
-    leases = Leases(0.2, Clock())
+def test_every_limit_leases_or_none_does(r: redis.Redis, prefix: str, made: Made) -> None:
+    leases = made(Leases(0.2, Clock()))
     a, b = limit(r, prefix, "a", "1000/s"), limit(r, prefix, "b", "1000/s", "gcra")
     seen(leases, a)
     seen(leases, b)
@@ -104,8 +126,8 @@ def test_every_limit_leases_or_none_does(r: redis.Redis, prefix: str) -> None:
     assert leases.take([a, b], 1) is None  # a has none left
 
 
-def test_shutdown_gives_back_what_is_left(r: redis.Redis, prefix: str) -> None:
-    leases = Leases(0.2, Clock())
+def test_shutdown_gives_back_what_is_left(r: redis.Redis, prefix: str, made: Made) -> None:
+    leases = made(Leases(0.2, Clock()))
     pair = limit(r, prefix, "roomy", "1000/s")
     seen(leases, pair)
     assert leases.grant([pair], 2) is not None  # 2 + 2
@@ -114,8 +136,10 @@ def test_shutdown_gives_back_what_is_left(r: redis.Redis, prefix: str) -> None:
     assert leases.take([pair], 1) is None
 
 
-def test_redis_failing_mid_grant_gives_back_what_was_leased(r: redis.Redis, prefix: str) -> None:
-    leases = Leases(0.2, Clock())
+def test_redis_failing_mid_grant_gives_back_what_was_leased(
+    r: redis.Redis, prefix: str, made: Made
+) -> None:
+    leases = made(Leases(0.2, Clock()))
     a = limit(r, prefix, "a", "1000/h")
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     b_lim = Limiter(dead, "1000/h", name="b", prefix=prefix)
@@ -129,11 +153,13 @@ def test_redis_failing_mid_grant_gives_back_what_was_leased(r: redis.Redis, pref
     assert leases.take([a], 1) is None
 
 
-def test_expired_leases_of_other_subjects_are_given_back(r: redis.Redis, prefix: str) -> None:
-    """Per-key limits see subjects that never come back: their leftover units are given back
-    by the next grant after the span, whatever its subject."""
+def test_expired_leases_of_other_subjects_are_given_back(
+    r: redis.Redis, prefix: str, made: Made
+) -> None:
+    """Per-key limits see subjects that never come back, and a process may go idle: a timer
+    sweeps expired leases and gives back what they did not use."""
     clock = Clock()
-    leases = Leases(0.2, clock)
+    leases = made(Leases(0.2, clock))
     lim = Limiter(r, "1000/h", name="per-key", prefix=prefix)
     config = LimitConfig(parse_rules("1000/h"), "sliding_log")
     one = (lim, LimitSpec("key", "per-key", config, "one"))
@@ -141,6 +167,62 @@ def test_expired_leases_of_other_subjects_are_given_back(r: redis.Redis, prefix:
     for pair in (one, two):
         seen(leases, pair)
     assert leases.grant([one], 1) is not None  # 1 + 2 for "one", never used
+    assert leases._timer is not None  # armed for a span after the lease ends
     clock.t += 0.3
     assert leases.grant([two], 1) is not None
+    leases.sweep()  # what the timer runs
     assert lim.usage("one").rules[0].used == 1 + 1  # the 2 leased units came back
+    assert lim.usage("two").rules[0].used == 1 + 3  # still leased
+    leases.release()
+    assert lim.usage("two").rules[0].used == 1 + 1
+
+
+def test_the_span_follows_the_shortest_window(r: redis.Redis, prefix: str, made: Made) -> None:
+    leases = made(Leases(0.2, Clock()))
+    roomy = limit(r, prefix, "roomy", "1000/s, 20000/h")
+    assert leases.span_of(roomy[0]) == 1 / 16  # a sixteenth of a second, not 0.2 s
+    seen(leases, roomy)
+    outcome = leases.grant([roomy], 1)
+    assert outcome is not None
+    slot = outcome.held[0][2].slot
+    assert slot is not None and slot.end_us - slot.start_us == pytest.approx(62_500, abs=1_000)
+    fast = limit(r, prefix, "fast", "100/50ms")  # a sixteenth of 50 ms: too short to lease
+    assert leases.span_of(fast[0]) == 0
+    seen(leases, fast)
+    assert leases.grant([fast], 1) is None
+
+
+def test_leases_hold_whole_tasks(r: redis.Redis, prefix: str, made: Made) -> None:
+    leases = made(Leases(0.2, Clock()))
+    pair = limit(r, prefix, "roomy", "1000/h")
+    seen(leases, pair)
+    outcome = leases.grant([pair], 3)
+    assert outcome is not None and outcome.held[0][2].cost == 3 + 2 * 3
+    assert [leases.take([pair], 3) is not None for _ in range(3)] == [True, True, False]
+    again = leases.grant([pair], 3)  # used up: twice as many tasks
+    assert again is not None and again.held[0][2].cost == 3 + 4 * 3
+
+
+def test_a_limit_without_room_keeps_the_other_leases(
+    r: redis.Redis, prefix: str, made: Made
+) -> None:
+    leases = made(Leases(0.2, Clock()))
+    queue = limit(r, prefix, "queue", "1000/h")
+    seen(leases, queue)
+    assert leases.grant([queue], 1) is not None  # 1 + 2
+    key = limit(r, prefix, "per-key", "5/h")
+    seen(leases, key)  # 4 left: no lease from it
+    assert leases.take([queue, key], 1) is None
+    assert leases.grant([queue, key], 1) is None  # asks Redis as usual ...
+    assert leases.take([queue], 1) is not None  # ... and the queue's lease is still there
+    assert used(queue[0]) == 1 + 3
+
+
+def test_a_denied_lease_forgets_the_room(r: redis.Redis, prefix: str, made: Made) -> None:
+    leases = made(Leases(0.2, Clock()))
+    pair = limit(r, prefix, "roomy", "1000/h")
+    seen(leases, pair)
+    pair[0].block("q", 60)
+    assert leases.grant([pair], 1) is None
+    pair[0].unblock("q")
+    assert leases.grant([pair], 1) is None  # no room known until a decision says so

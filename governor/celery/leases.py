@@ -3,20 +3,28 @@
 Under a generous limit (a queue quota far above what the workers run), every task would still
 pay one Redis round trip before its body. Instead, once a limit has shown plenty of room, the
 pool process asks for a few units more than the task needs (:meth:`Limiter.lease`): they are
-counted at once, as a booking whose slot is now and that may start up to
-``governor_lease_span`` seconds later, and the next tasks of this process under the same limits
-take them without asking Redis. The rules hold on actual start times, as they do for bookings;
-the local deadline is taken before the request is sent, so it ends no later than the span
-Redis counted.
+counted at once, as a booking whose slot is now and that may start up to a span later, and the
+next tasks of this process under the same limit take them without asking Redis. The rules hold
+on actual start times, as they do for bookings; the local deadline is taken before the request
+is sent, so it ends no later than the span Redis counted.
 
-How many: 2 at first, then twice what the previous lease held when it was used up in time, or
-what it used when it was not; never more than 64, nor more than a sixteenth of the room the
-limit reported, so with less than 32 units of room no lease is taken and every task asks Redis.
-Units left when a lease is dropped are given back (the sliding log removes exactly those; gcra
-keeps them counted, which only makes it stricter for a moment).
+The span is ``governor_lease_span`` (0.2 s), at most a sixteenth of the limit's shortest window
+(a lease counts a little ahead of now, so it weighs on a window for a little longer); a limit
+whose shortest window would give less than 20 ms is not leased from.
 
-Only limits whose algorithm books (sliding_log, gcra), only for tasks that hold no bookings, and
-only when every limit of the task holds a lease; otherwise the task asks Redis as usual.
+How many: room for 2 more tasks at first, then twice as many while a lease is used up in time,
+or what was used when it was not; never more than 64 tasks' worth, nor more than a sixteenth of
+the room the limit last reported (gcra: counting what the span itself takes), so with little
+room every task asks Redis and a limit that fills up stops leasing by itself.
+
+Units not used are given back when their lease is dropped: at the next lease of this process
+and, for a process gone idle, by a timer a span after the lease ends; also at worker shutdown.
+The sliding log takes back exactly those units; gcra only a whole lease that is still its
+newest, otherwise they stay counted until its schedule catches up.
+
+Only limits whose algorithm books (sliding_log, gcra), and only for tasks that hold no bookings.
+A task whose limits do not all hold a lease with room for it leases the missing ones (keeping
+those it holds), or, when a limit has too little room, asks Redis as usual.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -41,18 +49,25 @@ __all__ = ["Leases"]
 logger = logging.getLogger("governor.celery")
 
 FIRST = 2
+"""A first lease has room for this many more tasks."""
 MOST = 64
+"""A lease has room for at most this many more tasks."""
 SHARE = 16
-"""A lease takes at most 1/SHARE of the room the limit last reported."""
+"""A lease takes at most 1/SHARE of the room the limit last reported, and its span is at most
+1/SHARE of the limit's shortest window."""
+SHORTEST = 0.02
+"""Spans shorter than this (seconds) are not worth a lease."""
 MARGIN = 0.005
 """The local deadline ends this long (seconds) before the span Redis counted."""
 MEMORY = 10_000
 """Limits (limiter, subject) a process remembers the room of; past that it starts afresh."""
 
+Key = tuple[Limiter, str]
+
 
 @dataclass(slots=True)
 class _Lease:
-    decision: Decision
+    decision: Decision  # the lease itself: what giving back refers to (never refund it whole)
     left: int
     until: float  # monotonic
     size: int  # units taken beyond the first task's
@@ -64,27 +79,33 @@ class Leases:
     def __init__(self, span: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.span = span
         self.clock = clock
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        # keyed by (limiter, subject): a limiter hashes by identity (quick), and the keys keep
-        # it alive, so its identity is never reused by another
-        self._held: dict[tuple[Limiter, str], _Lease] = {}
-        self._room: dict[tuple[Limiter, str], int] = {}
-        self._next: dict[tuple[Limiter, str], int] = {}
-        self._swept = 0.0
+        self._pid = -1
+        self._mine()
 
     def _mine(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's leases are the parent's
-            self._held, self._room, self._next = {}, {}, {}
+        """Fresh state in a new process (a forked child does not inherit the parent's)."""
+        if self._pid != os.getpid():
             self._pid = os.getpid()
+            self._lock = threading.Lock()
+            # keyed by (limiter, subject): a limiter hashes by identity (quick), and the keys
+            # keep it alive, so its identity is never reused by another
+            self._held: dict[Key, _Lease] = {}
+            self._room: dict[Key, int] = {}
+            self._next: dict[Key, int] = {}
+            self._timer: threading.Timer | None = None
+
+    def span_of(self, lim: Limiter) -> float:
+        """The span of a lease from ``lim``; 0 when it takes no leases."""
+        span = min(self.span, min(r.period_us for r in lim.rules) / 1e6 / SHARE)
+        return span if span >= SHORTEST and lim.algorithm.books else 0.0
 
     def take(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
         """Admit from leases this process holds for every limit, or None."""
         if self.span <= 0:
             return None
-        now = self.clock()
+        self._mine()
         with self._lock:
-            self._mine()
+            now = self.clock()
             leases = []
             for lim, spec in limiters:
                 lease = self._held.get((lim, spec.subject))
@@ -93,73 +114,93 @@ class Leases:
                 leases.append(lease)
             for lease in leases:
                 lease.left -= cost
+        # the decisions are the leases' own: they are never refunded for this task (the units
+        # it took are used; what a lease has left goes back when it is dropped)
         held: Held = [(lim, spec, x.decision) for x, (lim, spec) in zip(leases, limiters)]
         return Outcome(True, held=held)
 
     def grant(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
-        """Admit this task with a new lease from every limit (one call per limit), or None
-        when a limit has too little room (the caller then decides as usual)."""
-        if self.span <= 0 or not all(lim.algorithm.books for lim, _ in limiters):
+        """Admit this task from the leases it holds and new leases for the limits it holds
+        none for (one call per new lease), or None when a limit has too little room (the
+        caller then decides as usual)."""
+        if self.span <= 0:
             return None
-        now = self.clock()
+        self._mine()
+        spans = [self.span_of(lim) for lim, _ in limiters]
+        if min(spans) <= 0:
+            return None
+        keys = [(lim, spec.subject) for lim, spec in limiters]
         with self._lock:
-            self._mine()
-            keys = [(lim, spec.subject) for lim, spec in limiters]
-            dropped = [(key, self._drop(key)) for key in keys]  # spent, expired or partial
-            if now >= self._swept + self.span:  # and every other expired one
-                self._swept = now
-                expired = [key for key, lease in self._held.items() if lease.until <= now]
-                dropped += [(key, self._drop(key)) for key in expired]
-            sizes = [
-                min(self._next.get(key, FIRST), MOST, self._room.get(key, 0) // SHARE)
-                for key in keys
-            ]
-        for (lim, subject), lease in dropped:
-            if lease is not None:
-                _give_back(lim, subject, lease.decision, lease.left)
-        if min(sizes) < FIRST:
+            now = self.clock()
+            kept: dict[Key, _Lease] = {}
+            dropped = []
+            for key in keys:
+                lease = self._held.get(key)
+                if lease is not None and lease.left >= cost and now < lease.until:
+                    kept[key] = lease
+                else:
+                    dropped.append((key, self._drop(key)))
+            sizes = {key: self._size(key, cost) for key in keys if key not in kept}
+            roomy = all(sizes.values())  # else no lease at all; the kept ones stay as they are
+            if roomy:
+                for lease in kept.values():
+                    lease.left -= cost
+        self._give_back(dropped)
+        if not roomy:
             return None
-        taken: list[tuple[Limiter, LimitSpec, Decision, float]] = []
+        decisions: dict[Key, Decision] = {key: lease.decision for key, lease in kept.items()}
+        new: list[tuple[Key, Decision, float, float]] = []
         try:
-            for (lim, spec), size in zip(limiters, sizes):
+            for (lim, spec), key, span in zip(limiters, keys, spans):
+                if key in kept:
+                    continue
                 sent = self.clock()
-                d = lim.lease(spec.subject, cost + size, span=self.span)
-                self._note_room((lim, spec.subject), d.remaining)
+                d = lim.lease(spec.subject, cost + sizes[key], span=span)
                 if not d.allowed:
+                    self._room.pop(key, None)  # ask Redis again before the next lease
                     break
-                taken.append((lim, spec, d, sent))
+                self._note_room(key, d.remaining)
+                new.append((key, d, sent, span))
+                decisions[key] = d
         finally:
-            if len(taken) < len(limiters):  # denied, or Redis failed: all of it, none was used
-                for lim, spec, d, _ in taken:
-                    _give_back(lim, spec.subject, d, d.cost)
-        if len(taken) < len(limiters):
+            if len(decisions) < len(keys):  # denied, or Redis failed: all of it, none was used
+                self._give_back([(key, _Lease(d, d.cost, 0.0, 0)) for key, d, _, _ in new])
+                with self._lock:
+                    for lease in kept.values():
+                        lease.left += cost
+        if len(decisions) < len(keys):
             return None
         replaced = []
         with self._lock:
-            for (lim, spec, d, sent), size in zip(taken, sizes):
-                old = self._held.get((lim, spec.subject))
+            for key, d, sent, span in new:
+                old = self._held.get(key)
                 if old is not None:  # another thread's, granted meanwhile
-                    replaced.append((lim, spec.subject, old))
-                self._held[lim, spec.subject] = _Lease(d, size, sent + self.span - MARGIN, size)
-        for lim, subject, old in replaced:
-            _give_back(lim, subject, old.decision, old.left)
-        return Outcome(True, now=taken[-1][2].now, held=[(lim, s, d) for lim, s, d, _ in taken])
+                    replaced.append((key, old))
+                self._held[key] = _Lease(d, sizes[key], sent + span - MARGIN, sizes[key])
+            self._arm()
+        self._give_back(replaced)
+        held: Held = [(lim, spec, decisions[key]) for (lim, spec), key in zip(limiters, keys)]
+        return Outcome(True, now=new[-1][1].now if new else None, held=held)
 
-    def _drop(self, key: tuple[Limiter, str]) -> _Lease | None:
-        """Forget a spent or expired lease and size the next one after it (lock held)."""
+    def _size(self, key: Key, cost: int) -> int:
+        """Units a new lease takes beyond the task's, whole tasks' worth; 0: no lease (lock
+        held)."""
+        lim = key[0]
+        room = self._room.get(key, 0)
+        if lim.algorithm.name == "gcra":  # a gcra lease also spends what its span covers
+            room -= round(self.span_of(lim) * max(r.limit / r.period_us for r in lim.rules) * 1e6)
+        tasks = min(max(self._next.get(key, 0) // cost, FIRST), MOST, room // SHARE // cost)
+        return tasks * cost if tasks >= FIRST else 0
+
+    def _drop(self, key: Key) -> _Lease | None:
+        """Forget a lease and size the next one after it (lock held)."""
         lease = self._held.pop(key, None)
         if lease is not None:
             used = lease.size - lease.left
-            self._next[key] = min(MOST, 2 * lease.size) if lease.left == 0 else max(FIRST, used)
+            self._next[key] = 2 * lease.size if lease.left == 0 else used
         return lease
 
-    def observe(self, held: Held) -> None:
-        """Remember the room the limits reported (after a decision made without a lease)."""
-        if self.span > 0:
-            for lim, spec, d in held:
-                self._note_room((lim, spec.subject), d.remaining)
-
-    def _note_room(self, key: tuple[Limiter, str], room: int) -> None:
+    def _note_room(self, key: Key, room: int) -> None:
         # Only room enough to lease from is kept: per-key limits may see endless subjects.
         if room < FIRST * SHARE:
             self._room.pop(key, None)
@@ -169,23 +210,57 @@ class Leases:
             self._next.clear()
         self._room[key] = room
 
+    def observe(self, held: Held) -> None:
+        """Remember the room the limits reported (after a decision made without a lease)."""
+        if self.span > 0:
+            for lim, spec, d in held:
+                self._note_room((lim, spec.subject), d.remaining)
+
+    # -- giving back --------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """Have expired leases given back a little after the first ends, should this process
+        go idle (lock held)."""
+        if self._timer is None and self._held:
+            wait = max(0.0, min(x.until for x in self._held.values()) - self.clock()) + self.span
+            self._timer = threading.Timer(wait, self.sweep)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def sweep(self) -> None:
+        """Give back what expired leases did not use."""
+        self._mine()
+        with self._lock:
+            self._timer = None
+            now = self.clock()
+            expired = [key for key, lease in self._held.items() if lease.until <= now]
+            dropped = [(key, self._drop(key)) for key in expired]
+            self._arm()
+        self._give_back(dropped)
+
     def release(self) -> None:
         """Give back what the leases of this process still hold (worker shutdown)."""
+        self._mine()
         with self._lock:
-            self._mine()
-            held, self._held = self._held, {}
-        for (lim, subject), lease in held.items():
-            _give_back(lim, subject, lease.decision, lease.left)
+            held, self._held = list(self._held.items()), {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        self._give_back(held)
 
-
-def _give_back(lim: Limiter, subject: str, lease: Decision, units: int) -> None:
-    """Refund units of a lease that will not be used. The sliding log takes back any of them,
-    gcra only a whole lease that is still its newest; what is not taken back stays counted,
-    which only makes the limit stricter for a moment, so a failure is no reason to fail a task.
-    """
-    if units <= 0 or (lim.algorithm.name != "sliding_log" and units != lease.cost):
-        return
-    try:
-        lim.refund(subject, lease, units)
-    except (GovernorError, RedisError) as exc:
-        logger.debug("governor: leased units of %s not given back: %r", subject, exc)
+    @staticmethod
+    def _give_back(leases: Sequence[tuple[Key, _Lease | None]]) -> None:
+        """Refund what leases did not use. The sliding log takes back any of it, gcra only a
+        whole lease that is still its newest; what is not taken back stays counted, which
+        only makes the limit stricter, so a failure never fails a task (and the rest are not
+        tried: Redis is away)."""
+        for (lim, subject), lease in leases:
+            if lease is None or lease.left <= 0:
+                continue
+            if lim.algorithm.name != "sliding_log" and lease.left != lease.decision.cost:
+                continue
+            try:
+                lim.refund(subject, lease.decision, lease.left)
+            except (GovernorError, RedisError) as exc:
+                logger.debug("governor: leased units of %s not given back: %r", subject, exc)
+                return

@@ -81,7 +81,7 @@ end
 -- The earliest moment >= t0 that can take cost more (see the header), and the rule that
 -- denied at t0 longest (0 = none). nil if it keeps moving (bookings everywhere): then behind them all.
 local function place(t0, tol)
-  local x, first = t0, 0
+  local x, denier = t0, 0
   for round = 1, 8 do
     local moved = false
     for i = 1, n do
@@ -91,12 +91,12 @@ local function place(t0, tol)
       local e = entry(skip + lim[i] - cost)
       if e and e + win[i] > x then
         x, moved = e + win[i], true
-        if round == 1 then first = i end  -- the last to move it waits longest
+        if round == 1 then denier = i end  -- the last to move it waits longest
       end
     end
-    if not moved then return x, first end
+    if not moved then return x, denier end
   end
-  return nil, first
+  return nil, denier
 end
 
 local function remaining(extra_cost)
