@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from redis.exceptions import RedisError
 
@@ -73,6 +74,11 @@ class _Lease:
     size: int  # units taken beyond the first task's
 
 
+def _usable(lease: _Lease | None, cost: int, now: float) -> TypeGuard[_Lease]:
+    """Whether a lease can admit a task of ``cost`` at ``now`` (monotonic)."""
+    return lease is not None and lease.left >= cost and now < lease.until
+
+
 class Leases:
     """The leases of one process (threads share them)."""
 
@@ -109,7 +115,7 @@ class Leases:
             leases = []
             for lim, spec in limiters:
                 lease = self._held.get((lim, spec.subject))
-                if lease is None or lease.left < cost or now >= lease.until:
+                if not _usable(lease, cost, now):
                     return None
                 leases.append(lease)
             for lease in leases:
@@ -136,7 +142,7 @@ class Leases:
             dropped = []
             for key in keys:
                 lease = self._held.get(key)
-                if lease is not None and lease.left >= cost and now < lease.until:
+                if _usable(lease, cost, now):
                     kept[key] = lease
                 else:
                     dropped.append((key, self._drop(key)))
