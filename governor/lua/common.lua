@@ -21,6 +21,7 @@
 -- Usage reply: {now_us, block_until_us (0 = none), block_reason, booked (future bookings held),
 --   booked_until_us (when the last booking held starts; 0 = none), then per rule: used,
 --   retry_us, reset_us}. Refund reply: 1.
+local min, max, ceil = math.min, math.max, math.ceil
 local op = ARGV[2]
 local now = tonumber(ARGV[3])
 -- With a caller's clock, Redis expiry (which runs on real time) cannot follow it: keys then live
@@ -48,10 +49,12 @@ local rules_format = '<' .. string.rep('d', n)
 local lim = {struct.unpack(rules_format, ARGV[1])}
 local win = {struct.unpack(rules_format, ARGV[1], 8 * n + 1)}
 lim[n + 1], win[n + 1] = nil, nil
-local maxlim, maxwin = 0, 0
+-- never: the first rule whose limit is below cost (such a request can never pass), or nil
+local maxlim, maxwin, never = 0, 0, nil
 for i = 1, n do
   if lim[i] > maxlim then maxlim = lim[i] end
   if win[i] > maxwin then maxwin = win[i] end
+  if cost > lim[i] and not never then never = i end
 end
 local extra = #ARGV[1] > 16 * n and struct.unpack('<d', ARGV[1], 16 * n + 1) or nil
 
@@ -60,11 +63,12 @@ local function fmt(x)
   return string.format('%d', x)
 end
 
--- PEXPIRE argument for a duration in microseconds: rounded up, at least 1 ms.
+-- PEXPIRE argument for a duration in microseconds: rounded up, at least 1 ms. (Arguments to
+-- redis.call go as text: a Lua number would be converted with %.14g, slower and inexact.)
 local function ttl_ms(us)
-  local ms = math.ceil(us / 1000)
+  local ms = ceil(us / 1000)
   if ms < 1 then ms = 1 end
-  return ms + ttl_pad
+  return fmt(ms + ttl_pad)
 end
 
 local function corrupt(what)
@@ -97,14 +101,6 @@ local function usage_reply(per_rule, booked, booked_until)
   local out = {now, untl or 0, reason or '', booked or 0, booked_until or 0}
   for i = 1, #per_rule do out[#out + 1] = per_rule[i] end
   return out
-end
-
--- The first rule whose limit is below cost (such a request can never pass), or nil.
-local function never_rule()
-  for i = 1, n do
-    if cost > lim[i] then return i end
-  end
-  return nil
 end
 
 -- Numbers packed as little-endian doubles (the state of gcra, token_bucket, fixed_window).

@@ -98,7 +98,6 @@ end
 local untl, reason = read_block()
 if untl then return blocked_reply(untl, reason) end
 
-local never = never_rule()
 if never then return decision(0, -1, never, remaining(now), reset_after(), 0, 0, '') end
 
 if op == 'claim' then

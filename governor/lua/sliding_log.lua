@@ -22,31 +22,35 @@
 local key = KEYS[1]
 -- One LRANGE reads a short log whole (stamps, meta, base); longer ones read the rest by LINDEX.
 local FIRST = 64
-local first = redis.call('LRANGE', key, 0, FIRST - 1)
+local first = redis.call('LRANGE', key, '0', '63')  -- FIRST elements
 local len = #first
 if len == FIRST then len = redis.call('LLEN', key) end
 local k, base, floor, maxtol = 0, 0, nil, 0
 if len > 0 then
-  local tail = len < FIRST and {first[len - 1], first[len]} or redis.call('LRANGE', key, -2, -1)
-  local f, t = string.match(tail[1] or '', '^f(%-?%d*):(%d+)$')
-  base = tonumber(string.match(tail[2] or '', '^b(%-?%d+)$') or '')
+  local meta, b = first[len - 1], first[len]
+  if len >= FIRST then
+    local tail = redis.call('LRANGE', key, '-2', '-1')
+    meta, b = tail[1], tail[2]
+  end
+  local f, t = string.match(meta or '', '^f(%-?%d*):(%d+)$')
+  base = tonumber(string.match(b or '', '^b(%-?%d+)$') or '')
   if not (t and base) then corrupt('sliding log') end
   k, floor, maxtol = len - 2, tonumber(f), tonumber(t)
 end
 
-local cache = {}  -- stamps read so far, in us
+local cache = {}  -- stamps read so far, in us (never past the stamps)
 -- Stamp of entry i (0-based, newest first) in us; past the stamps, the floor (or nil).
 local function entry(i)
-  if i >= k then return floor and (base + floor) * 1000 end
   local v = cache[i]
-  if v == nil then
-    v = tonumber(first[i + 1] or redis.call('LINDEX', key, i))
-    if not v then corrupt('sliding log') end
-    v = (base + v) * 1000
-    cache[i] = v
-  end
+  if v then return v end
+  if i >= k then return floor and (base + floor) * 1000 end
+  v = tonumber(first[i + 1] or redis.call('LINDEX', key, fmt(i)))
+  if not v then corrupt('sliding log') end
+  v = (base + v) * 1000
+  cache[i] = v
   return v
 end
+local head = entry(0)  -- the newest stamp (the floor when there are none), kept up to date
 
 -- How many stamps are above t (strictly, or at or above t when `inclusive`).
 local function above(t, inclusive)
@@ -62,11 +66,10 @@ end
 -- Stamps counted by rule i for a start at x: inside (x - W, x + W + tol + maxtol), capped at
 -- the limit (missing stamps below the floor fill it while the floor is inside).
 local function used(i, x, tol)
-  local skip = 0
-  local horizon = x + win[i] + tol + maxtol + 1000
-  if k > 0 and entry(0) >= horizon then skip = above(horizon, true) end
-  local lo, hi = skip, math.min(k, skip + lim[i])
-  local edge = x - win[i]
+  local lo, hi, edge, horizon = 0, k, x - win[i], x + win[i] + tol + maxtol + 1000
+  if k > 0 and head >= horizon then lo = above(horizon, true) end
+  local skip = lo
+  if hi > lo + lim[i] then hi = lo + lim[i] end
   -- the usual answers first: all of them inside (long windows) or none (short ones)
   if lo < hi and entry(hi - 1) > edge then lo = hi end
   if lo < hi and entry(lo) <= edge then hi = lo end
@@ -87,8 +90,9 @@ local function place(t0, tol)
     for i = 1, n do
       local horizon = x + win[i] + tol + maxtol + 1000
       local skip = 0
-      if k > 0 and entry(0) >= horizon then skip = above(horizon, true) end
-      local e = entry(skip + lim[i] - cost)
+      if k > 0 and head >= horizon then skip = above(horizon, true) end
+      local j = skip + lim[i] - cost
+      local e = (j < k or floor) and entry(j)  -- (past the stamps only a floor counts)
       if e and e + win[i] > x then
         x, moved = e + win[i], true
         if round == 1 then denier = i end  -- the last to move it waits longest
@@ -99,113 +103,38 @@ local function place(t0, tol)
   return nil, denier
 end
 
+-- The smallest room over the rules after extra_cost more. A rule counts at most k (without a
+-- floor), so one whose limit leaves more than the best so far even then is not searched.
 local function remaining(extra_cost)
   local best = nil
   for i = 1, n do
-    local r = math.max(0, lim[i] - used(i, now, 0) - extra_cost)
-    if best == nil or r < best then best = r end
+    if best == 0 then break end
+    if best == nil or floor or lim[i] - k - extra_cost < best then
+      local r = max(0, lim[i] - used(i, now, 0) - extra_cost)
+      if best == nil or r < best then best = r end
+    end
   end
   return best or 0
 end
 
 local function reset_after()
-  local head = entry(0)
-  if not head then return 0 end
-  return math.max(0, head + maxwin - now)
+  return head and max(0, head + maxwin - now) or 0
 end
 
 local function meta_text()
   return 'f' .. (floor and fmt(floor) or '') .. ':' .. fmt(maxtol)
 end
 
-local function rebase(nb)
-  local vals = k > 0 and redis.call('LRANGE', key, 0, k - 1) or {}
-  local out = {}
-  for j = 1, #vals do
-    local v = tonumber(vals[j])
-    if not v then corrupt('sliding log') end
-    out[j] = fmt(base + v - nb)
-  end
-  if floor then floor = base + floor - nb end
-  out[#out + 1] = meta_text()
-  out[#out + 1] = 'b' .. fmt(nb)
-  redis.call('DEL', key)
-  for j = 1, #out, 4000 do
-    redis.call('RPUSH', key, unpack(out, j, math.min(#out, j + 3999)))
-  end
-  base, first = nb, {}
-end
-
--- Put cost copies of stamp_ms in their sorted place, trim, and set the TTL.
-local function insert(stamp_ms, tol)
-  if len == 0 then
-    base = stamp_ms
-    redis.call('RPUSH', key, meta_text(), 'b' .. fmt(base))
-    len = 2
-  elseif math.abs(stamp_ms - base) > 2147483647 then
-    rebase(stamp_ms)
-  end
-  local off = fmt(stamp_ms - base)
-  local top = stamp_ms * 1000  -- the newest stamp after this
-  if k > 0 and entry(0) > top then top = entry(0) end
-  local at = top > stamp_ms * 1000 and above(stamp_ms * 1000, false) or 0
-  if at == 0 then
-    local left = cost
-    while left > 0 do
-      local m = math.min(left, 4000)
-      local chunk = {}
-      for j = 1, m do chunk[j] = off end
-      redis.call('LPUSH', key, unpack(chunk))
-      left = left - m
-    end
-  else
-    -- before the first stamp not above it (or before meta): sorted order stays
-    local pivot = at < k and fmt(entry(at) / 1000 - base) or meta_text()
-    for _ = 1, cost do redis.call('LINSERT', key, 'BEFORE', pivot, off) end
-  end
-  k = k + cost
-  cache, first = {[0] = top}, {}  -- the prefetched text is out of date now
-  local meta_changed = tol > maxtol
-  maxtol = math.max(maxtol, tol)
-  if k > maxlim then
-    -- the newest stamp trimmed (at index maxlim) stays behind as the floor
-    floor = tonumber(redis.call('LINDEX', key, maxlim))
-    redis.call('LTRIM', key, 0, maxlim + 1)
-    k = maxlim
-    redis.call('LSET', key, maxlim + 1, 'b' .. fmt(base))
-    meta_changed = true
-  end
-  if meta_changed then redis.call('LSET', key, k, meta_text()) end
-  len = k + 2
-  redis.call('PEXPIRE', key, ttl_ms(top + maxwin - now))
-end
-
--- Remove one booking or admission (cost copies) stamped stamp_us.
-local function release(stamp_us)
-  if len == 0 then return end
-  local removed = redis.call('LREM', key, cost, fmt(stamp_us / 1000 - base))
-  if removed > 0 then
-    k = k - removed
-    len = k + 2
-    cache, first = {}, {}
-    if k == 0 and not floor then
-      redis.call('DEL', key)
-      len, k, maxtol = 0, 0, 0
-    end
-  end
-end
-
 if op == 'usage' then
   local per = {}
-  local head = entry(0)
   for i = 1, n do
     per[#per + 1] = used(i, now, 0)
     local skip = 0
     local horizon = now + win[i] + maxtol + 1000
     if k > 0 and head >= horizon then skip = above(horizon, true) end
     local e = entry(skip + lim[i] - 1)
-    per[#per + 1] = e and math.max(0, e + win[i] - now) or 0
-    per[#per + 1] = head and math.max(0, head + win[i] - now) or 0
+    per[#per + 1] = e and max(0, e + win[i] - now) or 0
+    per[#per + 1] = head and max(0, head + win[i] - now) or 0
   end
   -- bookings are the stamps after now (an admission is stamped at most 1 ms ahead); the log
   -- keeps the newest max-limit stamps, so it counts at most that many, but its head is the last
@@ -213,18 +142,16 @@ if op == 'usage' then
   return usage_reply(per, above(now + 1000, false), last)
 end
 
-if op == 'refund' then
-  release(slot_end)
-  return 1
+local untl, reason
+if op ~= 'refund' then untl, reason = read_block() end
+if op == 'refund' or (untl and op == 'claim') then
+  -- give back one booking or admission (cost copies stamped slot_end)
+  local removed = len > 0 and redis.call('LREM', key, ARGV[4], fmt(slot_end / 1000 - base)) or 0
+  if removed > 0 and removed == k and not floor then redis.call('DEL', key) end
+  if op == 'refund' then return 1 end
 end
+if untl then return blocked_reply(untl, reason) end
 
-local untl, reason = read_block()
-if untl then
-  if op == 'claim' then release(slot_end) end
-  return blocked_reply(untl, reason)
-end
-
-local never = never_rule()
 if never then
   return decision(0, -1, never, remaining(0), reset_after(), 0, 0, '')
 end
@@ -244,51 +171,104 @@ end
 -- A lease is admitted now and stamped like a booking at now that may start up to span later.
 local span = op == 'lease' and tol or 0
 local at, rule = place(now, span)
+local slot, rem = now, nil  -- where the new stamp goes; rem: admitted now, what remains
 if at and at <= now and (op ~= 'reserve' or not_before <= now) then
-  local stamp = math.ceil((now + span) / 1000)
-  local rem = remaining(cost)
+  rem = remaining(cost)
   if op == 'peek' then return decision(1, 0, 0, rem, reset_after(), 0, 0, '') end
-  insert(stamp, span)
-  return decision(1, 0, 0, rem, reset_after(), now, stamp * 1000, '')
-end
-if op ~= 'reserve' then
+  tol = span
+elseif op ~= 'reserve' then
   local wait = at and at - now or reset_after()
   return decision(0, wait, rule, remaining(0), reset_after(), 0, 0, '')
-end
-
--- Reserve: the earliest moment from not_before on that is also one average interval (cost x the
--- shortest W/N among the rules) after the stamp before it, so a backlog runs evenly rather than
--- in bursts a worker pool could not start on time. Behind everyone if the bookings ahead are dense.
-local gap = nil
-for i = 1, n do
-  local g = win[i] / lim[i]
-  if gap == nil or g < gap then gap = g end
-end
-gap = math.ceil(gap * cost)
-
-local function spaced(t0)
-  local x = t0
-  for _ = 1, 8 do
-    x = place(x, tol)
-    if not x then return nil end
-    -- the stamp before ours (ours rounds up to the ms: an equal stamp is before it too)
-    local before = above(math.ceil((x + tol) / 1000) * 1000, false)
-    local prev = before < k and entry(before) or nil
-    if not prev or prev - tol + gap <= x then return x end
-    x = prev - tol + gap
+else
+  -- Reserve: the earliest moment from not_before on that is also one average interval (cost x
+  -- the shortest W/N among the rules) after the stamp before it, so a backlog runs evenly rather
+  -- than in bursts a worker pool could not start on time. Behind everyone if bookings are dense.
+  local gap = nil
+  for i = 1, n do
+    local g = win[i] / lim[i]
+    if gap == nil or g < gap then gap = g end
   end
-  return nil
+  gap = ceil(gap * cost)
+
+  local function spaced(t0)
+    local x = t0
+    for _ = 1, 8 do
+      x = place(x, tol)
+      if not x then return nil end
+      -- the stamp before ours (ours rounds up to the ms: an equal stamp is before it too)
+      local before = above(ceil((x + tol) / 1000) * 1000, false)
+      local prev = before < k and entry(before) or nil
+      if not prev or prev - tol + gap <= x then return x end
+      x = prev - tol + gap
+    end
+    return nil
+  end
+
+  slot = spaced(max(now, not_before))
+  if not slot then
+    local behind = max(now, not_before, head and head - tol + gap or now)
+    slot = spaced(behind) or behind
+  end
+  if max_wait >= 0 and slot - now > max_wait then
+    return decision(0, slot - now, rule, remaining(0), reset_after(), 0, 0, '')
+  end
 end
 
-local slot = spaced(math.max(now, not_before))
-if not slot then
-  local head = entry(0)
-  local behind = math.max(now, not_before, head and head - tol + gap or now)
-  slot = spaced(behind) or behind
+-- Stamp it: cost copies of the ms it may start by, in sorted place; trim; set the TTL.
+local stamp = ceil((slot + tol) / 1000)
+if len == 0 then
+  base = stamp
+  redis.call('RPUSH', key, meta_text(), 'b' .. fmt(base))
+elseif math.abs(stamp - base) > 2147483647 then
+  -- offsets must stay exact 32-bit integers: rewrite the log around a new base
+  local vals = k > 0 and redis.call('LRANGE', key, '0', fmt(k - 1)) or {}
+  local out = {}
+  for j = 1, #vals do
+    local v = tonumber(vals[j])
+    if not v then corrupt('sliding log') end
+    out[j] = fmt(base + v - stamp)
+  end
+  if floor then floor = base + floor - stamp end
+  out[#out + 1] = meta_text()
+  out[#out + 1] = 'b' .. fmt(stamp)
+  redis.call('DEL', key)
+  for j = 1, #out, 4000 do
+    redis.call('RPUSH', key, unpack(out, j, min(#out, j + 3999)))
+  end
+  base, first = stamp, {}
 end
-if max_wait >= 0 and slot - now > max_wait then
-  return decision(0, slot - now, rule, remaining(0), reset_after(), 0, 0, '')
+local off = fmt(stamp - base)
+local top = max(stamp * 1000, k > 0 and head or 0)  -- the newest stamp after this
+local pos = top > stamp * 1000 and above(stamp * 1000, false) or 0
+if pos == 0 and cost == 1 then
+  redis.call('LPUSH', key, off)
+elseif pos == 0 then
+  local left = cost
+  while left > 0 do
+    local m = min(left, 4000)
+    local chunk = {}
+    for j = 1, m do chunk[j] = off end
+    redis.call('LPUSH', key, unpack(chunk))
+    left = left - m
+  end
+else
+  -- before the first stamp not above it (or before meta): sorted order stays
+  local pivot = pos < k and fmt(entry(pos) / 1000 - base) or meta_text()
+  for _ = 1, cost do redis.call('LINSERT', key, 'BEFORE', pivot, off) end
 end
-local stamp = math.ceil((slot + tol) / 1000)
-insert(stamp, tol)
+k, head = k + cost, top
+local meta_changed = tol > maxtol
+maxtol = max(maxtol, tol)
+if k > maxlim then
+  -- the newest stamp trimmed (at index maxlim) stays behind as the floor
+  floor = tonumber(redis.call('LINDEX', key, fmt(maxlim)))
+  redis.call('LTRIM', key, '0', fmt(maxlim + 1))
+  k = maxlim
+  redis.call('LSET', key, fmt(maxlim + 1), 'b' .. fmt(base))
+  meta_changed = true
+end
+if meta_changed then redis.call('LSET', key, fmt(k), meta_text()) end
+redis.call('PEXPIRE', key, ttl_ms(top + maxwin - now))
+if rem then return decision(1, 0, 0, rem, reset_after(), now, stamp * 1000, '') end
+cache, first = {[0] = top}, {}  -- the prefetched text is out of date now
 return decision(0, slot - now, rule, remaining(0), reset_after(), slot, stamp * 1000, '')

@@ -12,12 +12,12 @@
 local key = KEYS[1]
 local precision = extra
 local sig = ARGV[1]
-local P, lo, cur, buckets, cnt = {}, {}, {}, {}, {}
+local P, lo, cur, buckets, cnt, here = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  P[i] = math.ceil(win[i] / precision)
+  P[i] = ceil(win[i] / precision)
   lo[i] = math.floor((now - win[i]) / P[i])
   cur[i] = math.floor(now / P[i])
-  buckets[i], cnt[i] = {}, 0
+  buckets[i], cnt[i], here[i] = {}, 0, 0  -- here: the count stored in the current bucket
 end
 local flat = redis.call('HGETALL', key)
 local fresh = #flat == 0
@@ -33,22 +33,26 @@ if not fresh then
     for j = 1, #flat, 2 do
       local f = flat[j]
       if f ~= '_' then
-        local sep = string.find(f, ':', 1, true)
-        local i = sep and tonumber(string.sub(f, 1, sep - 1))
-        local b = sep and tonumber(string.sub(f, sep + 1))
+        local i, b = string.match(f, '^(%d+):(%-?%d+)$')
         local c = tonumber(flat[j + 1])
+        i, b = tonumber(i), tonumber(b)
         if not (i and b and c) then corrupt('sliding window state') end
         if i < 1 or i > n or b < lo[i] then
           stale[#stale + 1] = f
         else
-          table.insert(buckets[i], {b, c})
+          local bs = buckets[i]
+          bs[#bs + 1] = {b, c}
           cnt[i] = cnt[i] + c
+          if b == cur[i] then here[i] = c end
         end
       end
     end
   end
 end
-for i = 1, n do table.sort(buckets[i], function(x, y) return x[1] < y[1] end) end
+local function older(x, y) return x[1] < y[1] end
+for i = 1, n do
+  if #buckets[i] > 1 then table.sort(buckets[i], older) end
+end
 
 -- Wait until rule i admits c more (0 if it does now).
 local function wait_for(i, c)
@@ -121,7 +125,6 @@ end
 local untl, reason = read_block()
 if untl then return blocked_reply(untl, reason) end
 
-local never = never_rule()
 if never then return decision(0, -1, never, remaining(), reset_after(), 0, 0, '') end
 
 local wait, rule = 0, 0
@@ -142,11 +145,14 @@ for i = 1, n do
   end
 end
 if op ~= 'peek' then
-  if fresh then
-    if #flat > 0 then redis.call('DEL', key) end
-    redis.call('HSET', key, '_', sig)
+  -- one HSET: every rule's current bucket (and the signature when starting afresh)
+  local fields = fresh and {'_', sig} or {}
+  if fresh and #flat > 0 then redis.call('DEL', key) end
+  for i = 1, n do
+    fields[#fields + 1] = string.format('%d:%d', i, cur[i])
+    fields[#fields + 1] = fmt(here[i] + cost)
   end
-  for i = 1, n do redis.call('HINCRBY', key, i .. ':' .. fmt(cur[i]), cost) end
+  redis.call('HSET', key, unpack(fields))
   finish()
 end
 if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
