@@ -4,9 +4,10 @@
     GOVERNOR_BENCH_REDIS_URL=redis://127.0.0.1:6379/15 python bench/limiter.py
 
 One thread, sequential calls (each decision is one round trip). Decisions go round-robin over
-10,000 subjects. Ratios compare with PING round trips/s measured in between, so a busy machine
-moves both. Memory: states of one entry (gcra, token_bucket, fixed_window) are filled for all
-100,000 subjects; the 60-entry logs for ``--fill`` subjects (20,000), extrapolated to 100,000.
+10,000 subjects. Ratios compare with PING round trips/s measured in blocks alternating with the
+decisions' (8 of each per measurement), so a busy machine moves both. Memory: states of one
+entry (gcra, token_bucket, fixed_window) are filled for all 100,000 subjects; the 60-entry logs
+for ``--fill`` subjects (20,000), extrapolated to 100,000.
 Extrapolating overstates a little: Redis's key tables grow in powers of two, so 20,000 keys pay
 for 32,768 slots (26 bytes a key over the two tables) where 100,000 pay for 131,072 (21 bytes).
 
@@ -36,11 +37,26 @@ SUBJECTS = 10_000
 FULL = 100_000
 
 
-def rate(fn: Callable[[int], object], calls: int) -> float:
-    start = time.perf_counter()
-    for i in range(calls):
-        fn(i)
-    return calls / (time.perf_counter() - start)
+def paired(
+    base: Callable[[int], object], fn: Callable[[int], object], calls: int, blocks: int = 8
+) -> tuple[float, float]:
+    """Rates of ``base`` and ``fn``, ``calls`` each, measured in alternating blocks so that a
+    change in the machine's speed during the measurement hits both alike."""
+    size = max(1, calls // blocks)
+    base_time = fn_time = 0.0
+    done = 0
+    while done < calls:
+        step = min(size, calls - done)
+        start = time.perf_counter()
+        for i in range(done, done + step):
+            base(i)
+        middle = time.perf_counter()
+        for i in range(done, done + step):
+            fn(i)
+        base_time += middle - start
+        fn_time += time.perf_counter() - middle
+        done += step
+    return calls / base_time, calls / fn_time
 
 
 def throughput(client: redis.Redis, calls: int, rounds: int) -> list[list[object]]:
@@ -73,8 +89,8 @@ def throughput(client: redis.Redis, calls: int, rounds: int) -> list[list[object
     results: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         for algorithm, label, fn in cases:
-            ping_rate = rate(lambda i: ping(), calls)
-            results.setdefault((algorithm, label), []).append(rate(fn, calls) / ping_rate)
+            ping_rate, case_rate = paired(lambda i: ping(), fn, calls)
+            results.setdefault((algorithm, label), []).append(case_rate / ping_rate)
             results.setdefault(("PING", ""), []).append(ping_rate)
     ping_median = statistics.median(results.pop(("PING", "")))
     rows: list[list[object]] = [["redis-py PING", "-", f"{ping_median:,.0f}", "1.00"]]

@@ -2,7 +2,7 @@
 
 redis-py runs every command through its full machinery: a retry wrapper, a pool borrow that
 polls the socket, client-side-cache and observability hooks. On the CI machine that is about
-45 µs a call, twice what a governor script takes inside Redis. For a plain ``redis.Redis``
+30-50 µs a call, more than a governor script takes inside Redis. For a plain ``redis.Redis``
 over a plain ``ConnectionPool``, the limiter therefore sends its scripts over connections of
 its own, made with the pool's connection settings (host, credentials, TLS, timeouts, RESP
 version, decoding) and kept in a free list per pool: a call takes one, uses it alone (threads,
