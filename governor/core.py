@@ -105,9 +105,9 @@ class LimiterBase:
         self._packed = struct.pack(f"<{len(numbers)}d", *numbers)
         # State that only makes sense under these rules lives under a key named after them, so
         # a changed rule set starts afresh instead of misreading old counters. (The sliding
-        # log's stamps mean the same under any rules; sliding_window signs its own state.)
+        # log's stamps mean the same under any rules.)
         self._suffix = self.algorithm.suffix
-        if self.algorithm.name in ("gcra", "token_bucket", "fixed_window"):
+        if self.algorithm.name != "sliding_log":
             self._suffix += hashlib.sha1(self._packed).hexdigest()[:4]
         self._script = algorithm_script(self.algorithm.script)
         self._block = block_script()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 import redis
@@ -282,6 +283,20 @@ def test_server_clock(r: redis.Redis, prefix: str) -> None:
     assert d.slot is not None
 
 
+def test_sliding_window_with_thousands_of_buckets(r: redis.Redis, prefix: str) -> None:
+    rules = "100000/d, 99999/d, 99998/d"
+    lim = Limiter(r, rules, algorithm="sliding_window", name="many", prefix=prefix, precision=1000)
+    step = 86.4  # one bucket each
+    for j in range(1000):
+        assert lim.acquire("a", now=T0 + j * step).allowed
+    assert len(r.get(lim.keys("a")[0]) or b"") == 8 * (3 + 3 * 2 * 1000)  # packed in chunks
+    assert [u.used for u in lim.usage("a", now=T0 + 999 * step).rules] == [1000] * 3
+    used = [u.used for u in lim.usage("a", now=T0 + 1499 * step).rules]
+    assert used[0] in (500, 501) and used == [used[0]] * 3  # the oldest half left the window
+    assert lim.acquire("a", now=T0 + 1499 * step).allowed
+    assert len(r.get(lim.keys("a")[0]) or b"") == 8 * (3 + 3 * 2 * (used[0] + 1))
+
+
 def test_wrong_key_types_and_corrupt_state(r: redis.Redis, prefix: str) -> None:
     lim = make(r, prefix, "5/s")
     state, block = lim.keys("a")
@@ -302,6 +317,16 @@ def test_wrong_key_types_and_corrupt_state(r: redis.Redis, prefix: str) -> None:
     gcra = Limiter(r, "5/s, 9/m", algorithm="gcra", name="g", prefix=prefix)
     r.set(gcra.keys("a")[0], "12:abc")
     assert gcra.acquire("a").allowed
+    # the sliding window's buckets must add up to the bytes stored
+    window = Limiter(r, "5/s, 9/m", algorithm="sliding_window", name="w", prefix=prefix)
+    assert window.acquire("a", now=T0).allowed
+    raw = r.get(window.keys("a")[0])
+    assert raw is not None and len(raw) == 8 * (2 + 2 * 2)  # two rules, one bucket each
+    for bad in (raw[:-8], raw + b"x", struct.pack("<2d", -1, 0), struct.pack("<2d", 0.5, 0)):
+        r.set(window.keys("a")[0], bad)
+        with pytest.raises(StateError, match="corrupt sliding window"):
+            window.acquire("a", now=T0)
+        assert r.get(window.keys("a")[0]) == bad
 
 
 def test_algorithm_choice_is_validated() -> None:

@@ -247,7 +247,7 @@ def found_limits(state: State) -> list[tuple[LimitEntry, list[str]]]:
             continue
         name, subject, kind = parts
         subjects.setdefault(name, {})[subject] = None
-        if kind[:2] in _SUFFIXES:  # gcra, token_bucket, fixed_window add a rules hash
+        if kind[:2] in _SUFFIXES:  # all but the sliding log add a rules hash
             algorithms.setdefault(name, set()).add(_SUFFIXES[kind[:2]])
     return [
         (

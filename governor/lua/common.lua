@@ -112,5 +112,12 @@ local function unpack_numbers(raw, count)
 end
 
 local function pack_numbers(values)
-  return struct.pack('<' .. string.rep('d', #values), unpack(values))
+  local count = #values
+  if count <= 4000 then return struct.pack('<' .. string.rep('d', count), unpack(values)) end
+  local parts = {}  -- unpack gives at most a few thousand values at once
+  for j = 1, count, 4000 do
+    local last = min(count, j + 3999)
+    parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - j + 1), unpack(values, j, last))
+  end
+  return table.concat(parts)
 end

@@ -3,65 +3,60 @@
 -- counts in full, so no real window ever holds more than the limit, and at most one bucket's worth
 -- of capacity is held back.
 --
--- KEYS[1]  HASH: '_' = the rules' signature (other rules start afresh); '<i>:<bucket>' = count of
---          rule i in bucket floor(us / bucket_us), bucket_us = ceil(window_us / precision).
+-- KEYS[1]  STRING of little-endian doubles: m_1, ..., m_n (how many buckets each rule keeps),
+--          then rule 1's m_1 pairs bucket, count (oldest first), then rule 2's, and so on;
+--          bucket = floor(us / bucket_us), bucket_us = ceil(window_us / precision). The key's
+--          name carries a fingerprint of the rules, so other rules start afresh. One GET reads
+--          it and one SET writes it with its expiry.
 -- KEYS[2]  manual block (see common.lua)
--- ARGV     see common.lua; extra: precision. The packed rules are the signature.
+-- ARGV     see common.lua; extra: precision.
 --          Bookings are not supported: reserve and claim act as acquire.
 -- Returns  see common.lua.
 local key = KEYS[1]
 local precision = extra
-local sig = ARGV[1]
-local P, lo, cur, buckets, cnt, here = {}, {}, {}, {}, {}, {}
+local floor = math.floor
+-- live[i]: rule i's buckets inside its window, flat {bucket, count, bucket, count, ...}, oldest
+-- first; cnt[i]: their sum
+local P, lo, cur, live, cnt = {}, {}, {}, {}, {}
 for i = 1, n do
-  P[i] = ceil(win[i] / precision)
-  lo[i] = math.floor((now - win[i]) / P[i])
-  cur[i] = math.floor(now / P[i])
-  buckets[i], cnt[i], here[i] = {}, 0, 0  -- here: the count stored in the current bucket
+  local p = ceil(win[i] / precision)
+  P[i], lo[i], cur[i], cnt[i] = p, floor((now - win[i]) / p), floor(now / p), 0
 end
-local flat = redis.call('HGETALL', key)
-local fresh = #flat == 0
-local stale = {}
-if not fresh then
-  local same = false
-  for j = 1, #flat, 2 do
-    if flat[j] == '_' then same = flat[j + 1] == sig end
+
+local raw = redis.call('GET', key)
+if raw then
+  local m = #raw >= 8 * n and {struct.unpack(rules_format, raw)}
+  local size = 8 * n
+  for i = 1, n do
+    if not (m and m[i] >= 0 and m[i] % 1 == 0) then corrupt('sliding window state') end
+    size = size + 16 * m[i]
   end
-  if not same then
-    fresh = true  -- other rules: the old counters are dropped when this call writes
-  else
-    for j = 1, #flat, 2 do
-      local f = flat[j]
-      if f ~= '_' then
-        local i, b = string.match(f, '^(%d+):(%-?%d+)$')
-        local c = tonumber(flat[j + 1])
-        i, b = tonumber(i), tonumber(b)
-        if not (i and b and c) then corrupt('sliding window state') end
-        if i < 1 or i > n or b < lo[i] then
-          stale[#stale + 1] = f
-        else
-          local bs = buckets[i]
-          bs[#bs + 1] = {b, c}
-          cnt[i] = cnt[i] + c
-          if b == cur[i] then here[i] = c end
-        end
-      end
+  if size ~= #raw then corrupt('sliding window state') end
+  local pos = 8 * n + 1
+  for i = 1, n do
+    local len = 2 * m[i]
+    if len > 0 then
+      local v = {struct.unpack('<' .. string.rep('d', len), raw, pos)}
+      pos, v[len + 1] = v[len + 1], nil
+      -- the buckets that left the window are the oldest: dropped (for good when this call writes)
+      local s = 1
+      while s < len and v[s] < lo[i] do s = s + 2 end
+      if s > 1 then v = {unpack(v, s, len)} end
+      for j = 2, #v, 2 do cnt[i] = cnt[i] + v[j] end
+      live[i] = v
     end
   end
 end
-local function older(x, y) return x[1] < y[1] end
-for i = 1, n do
-  if #buckets[i] > 1 then table.sort(buckets[i], older) end
-end
+for i = 1, n do live[i] = live[i] or {} end
 
 -- Wait until rule i admits c more (0 if it does now).
 local function wait_for(i, c)
   local need = cnt[i] + c - lim[i]
   if need <= 0 then return 0 end
-  local freed = 0
-  for _, bc in ipairs(buckets[i]) do
-    freed = freed + bc[2]
-    if freed >= need then return (bc[1] + 1) * P[i] + win[i] - now end
+  local v, freed = live[i], 0
+  for j = 1, #v, 2 do
+    freed = freed + v[j + 1]
+    if freed >= need then return (v[j] + 1) * P[i] + win[i] - now end
   end
   return -1
 end
@@ -69,55 +64,65 @@ end
 local function remaining()
   local best = nil
   for i = 1, n do
-    local r = math.max(0, lim[i] - cnt[i])
+    local r = max(0, lim[i] - cnt[i])
     if best == nil or r < best then best = r end
   end
   return best
 end
 
 local function rule_reset(i)
-  local bs = buckets[i]
-  if #bs == 0 then return 0 end
-  return math.max(0, (bs[#bs][1] + 1) * P[i] + win[i] - now)
+  local v = live[i]
+  if #v == 0 then return 0 end
+  return max(0, (v[#v - 1] + 1) * P[i] + win[i] - now)
 end
 
 local function reset_after()
   local m = 0
-  for i = 1, n do m = math.max(m, rule_reset(i)) end
+  for i = 1, n do m = max(m, rule_reset(i)) end
   return m
 end
 
-local function finish()
-  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  local live = reset_after()
-  if live <= 0 then redis.call('DEL', key) else redis.call('PEXPIRE', key, ttl_ms(live)) end
+-- Write the buckets back, or delete the key when nothing counts any more.
+local function store()
+  local ttl = reset_after()
+  if ttl <= 0 then
+    if raw then redis.call('DEL', key) end
+    return
+  end
+  local out = {}
+  for i = 1, n do out[i] = #live[i] / 2 end
+  for i = 1, n do
+    local v = live[i]
+    for j = 1, #v do out[#out + 1] = v[j] end
+  end
+  redis.call('SET', key, pack_numbers(out), 'PX', ttl_ms(ttl))
 end
 
 if op == 'usage' then
   local per = {}
   for i = 1, n do
     per[#per + 1] = cnt[i]
-    per[#per + 1] = math.max(0, wait_for(i, 1))
+    per[#per + 1] = max(0, wait_for(i, 1))
     per[#per + 1] = rule_reset(i)
   end
   return usage_reply(per)
 end
 
 if op == 'refund' then
-  if not fresh then
+  if raw then
     for i = 1, n do
-      local b = math.floor(slot_start / P[i])
-      for _, bc in ipairs(buckets[i]) do
-        if bc[1] == b then
-          local left = math.max(0, bc[2] - cost)
-          cnt[i] = cnt[i] - (bc[2] - left)
-          bc[2] = left
-          if left == 0 then redis.call('HDEL', key, i .. ':' .. fmt(b)) else
-            redis.call('HSET', key, i .. ':' .. fmt(b), left) end
+      local b, v, kept = floor(slot_start / P[i]), live[i], {}
+      for j = 1, #v, 2 do
+        local c = v[j + 1]
+        if v[j] == b then
+          c = max(0, c - cost)
+          cnt[i] = cnt[i] - (v[j + 1] - c)
         end
+        if c > 0 then kept[#kept + 1], kept[#kept + 2] = v[j], c end
       end
+      live[i] = kept
     end
-    finish()
+    store()
   end
   return 1
 end
@@ -136,24 +141,19 @@ if wait > 0 then
   return decision(0, wait, rule, remaining(), reset_after(), 0, 0, '')
 end
 for i = 1, n do
+  -- count cost in the current bucket, kept in order (a clock that stepped back may find newer
+  -- buckets after it)
   cnt[i] = cnt[i] + cost
-  local bs = buckets[i]
-  if #bs > 0 and bs[#bs][1] == cur[i] then
-    bs[#bs][2] = bs[#bs][2] + cost
-  elseif #bs == 0 or bs[#bs][1] < cur[i] then
-    table.insert(bs, {cur[i], cost})
+  local v = live[i]
+  local j = #v - 1
+  while j > 0 and v[j] > cur[i] do j = j - 2 end
+  if j > 0 and v[j] == cur[i] then
+    v[j + 1] = v[j + 1] + cost
+  else
+    table.insert(v, j + 2, cur[i])
+    table.insert(v, j + 3, cost)
   end
-end
-if op ~= 'peek' then
-  -- one HSET: every rule's current bucket (and the signature when starting afresh)
-  local fields = fresh and {'_', sig} or {}
-  if fresh and #flat > 0 then redis.call('DEL', key) end
-  for i = 1, n do
-    fields[#fields + 1] = string.format('%d:%d', i, cur[i])
-    fields[#fields + 1] = fmt(here[i] + cost)
-  end
-  redis.call('HSET', key, unpack(fields))
-  finish()
 end
 if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
+store()
 return decision(1, 0, 0, remaining(), reset_after(), now, now, '')
