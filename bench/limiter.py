@@ -196,8 +196,8 @@ def main() -> None:
                 memory(client, args.fill),
             )
         )
-        print("\nKeys look like governor:{partner-api:customer-12345}:sl (39 bytes; gcra, token")
-        print("and fixed window add 4 characters of rules fingerprint); every key has a TTL, which")
+        print("\nKeys look like governor:{partner-api:customer-12345}:sl (39 bytes; the other")
+        print("algorithms add 4 characters of rules fingerprint); every key has a TTL, which")
         print("Redis keeps in a second table (about 40 bytes of each figure).")
 
 

@@ -64,7 +64,7 @@ local function fmt(x)
 end
 
 -- PEXPIRE argument for a duration in microseconds: rounded up, at least 1 ms. (Arguments to
--- redis.call go as text: a Lua number would be converted with %.14g, slower and inexact.)
+-- redis.call go as text: Redis would format a Lua number with %.17g, which takes longer.)
 local function ttl_ms(us)
   local ms = ceil(us / 1000)
   if ms < 1 then ms = 1 end

@@ -175,7 +175,7 @@ local slot, rem = now, nil  -- where the new stamp goes; rem: admitted now, what
 if at and at <= now and (op ~= 'reserve' or not_before <= now) then
   rem = remaining(cost)
   if op == 'peek' then return decision(1, 0, 0, rem, reset_after(), 0, 0, '') end
-  tol = span
+  tol = span  -- stamped as a booking at now (0 unless leasing)
 elseif op ~= 'reserve' then
   local wait = at and at - now or reset_after()
   return decision(0, wait, rule, remaining(0), reset_after(), 0, 0, '')
@@ -238,7 +238,7 @@ elseif math.abs(stamp - base) > 2147483647 then
   base, first = stamp, {}
 end
 local off = fmt(stamp - base)
-local top = max(stamp * 1000, k > 0 and head or 0)  -- the newest stamp after this
+local top = (k > 0 and head > stamp * 1000) and head or stamp * 1000  -- newest after this
 local pos = top > stamp * 1000 and above(stamp * 1000, false) or 0
 if pos == 0 and cost == 1 then
   redis.call('LPUSH', key, off)
@@ -269,6 +269,6 @@ if k > maxlim then
 end
 if meta_changed then redis.call('LSET', key, fmt(k), meta_text()) end
 redis.call('PEXPIRE', key, ttl_ms(top + maxwin - now))
-if rem then return decision(1, 0, 0, rem, reset_after(), now, stamp * 1000, '') end
+if rem then return decision(1, 0, 0, rem, reset_after(), now, stamp * 1000, '') end  -- (head)
 cache, first = {[0] = top}, {}  -- the prefetched text is out of date now
 return decision(0, slot - now, rule, remaining(0), reset_after(), slot, stamp * 1000, '')
