@@ -103,7 +103,7 @@ local function usage_reply(per_rule, booked, booked_until)
   return out
 end
 
--- Numbers packed as little-endian doubles (the state of gcra, token_bucket, fixed_window).
+-- Numbers packed as little-endian doubles (the state of all but the sliding log).
 local function unpack_numbers(raw, count)
   if #raw ~= 8 * count then return nil end
   local out = {struct.unpack('<' .. string.rep('d', count), raw)}

@@ -25,7 +25,7 @@ end
 
 local raw = redis.call('GET', key)
 if raw then
-  local m = #raw >= 8 * n and {struct.unpack(rules_format, raw)}
+  local m = #raw >= 8 * n and {struct.unpack(rules_format, raw)}  -- (n doubles)
   local size = 8 * n
   for i = 1, n do
     if not (m and m[i] >= 0 and m[i] % 1 == 0) then corrupt('sliding window state') end
