@@ -25,4 +25,4 @@ def test_a_booking_is_named_after_the_limit_that_denies(r: redis.Redis, prefix: 
     assert not outcome.allowed and outcome.slots is not None and len(outcome.slots) == 2
     assert outcome.spec is tight[1]
     assert outcome.decision is not None and str(outcome.decision.rule) == "1/s"
-    assert 0.9 < outcome.delay <= 1.0
+    assert 0.9 < outcome.delay <= 1.001  # stamps round up to the ms: up to 1 ms more
