@@ -82,12 +82,12 @@ local function reset_after()
   return m
 end
 
--- Write the buckets back, or delete the key when nothing counts any more.
+-- Write the buckets back, or delete the key when nothing counts any more; returns reset_after().
 local function store()
   local ttl = reset_after()
   if ttl <= 0 then
     if raw then redis.call('DEL', key) end
-    return
+    return ttl
   end
   local out = {}
   for i = 1, n do out[i] = #live[i] / 2 end
@@ -96,6 +96,7 @@ local function store()
     for j = 1, #v do out[#out + 1] = v[j] end
   end
   redis.call('SET', key, pack_numbers(out), 'PX', ttl_ms(ttl))
+  return ttl
 end
 
 if op == 'usage' then
@@ -155,5 +156,5 @@ for i = 1, n do
   end
 end
 if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
-store()
-return decision(1, 0, 0, remaining(), reset_after(), now, now, '')
+local reset = store()
+return decision(1, 0, 0, remaining(), reset, now, now, '')
