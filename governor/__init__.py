@@ -7,13 +7,15 @@
 True
 """
 
-from .decision import Decision, RuleUsage, Slot, Usage
+from .concurrency import Concurrency, Permit
+from .decision import CapUsage, Decision, Hold, Holder, RuleUsage, Slot, Usage
 from .errors import (
     ConfigError,
     CostError,
     GovernorError,
     GovernorTimeout,
     RuleError,
+    SlotLost,
     StateError,
     StorageUnavailable,
     SubjectError,
@@ -22,16 +24,22 @@ from .limiter import Limiter
 from .rules import Rule, parse_rules
 
 __all__ = [
+    "CapUsage",
+    "Concurrency",
     "ConfigError",
     "CostError",
     "Decision",
     "GovernorError",
     "GovernorTimeout",
+    "Hold",
+    "Holder",
     "Limiter",
+    "Permit",
     "Rule",
     "RuleError",
     "RuleUsage",
     "Slot",
+    "SlotLost",
     "StateError",
     "StorageUnavailable",
     "SubjectError",

@@ -23,16 +23,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .algorithms import Algorithm, get_algorithm
-from .decision import Decision, RuleUsage, Slot, Usage, seconds
+from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token
+from .decision import Decision, Hold, RuleUsage, Slot, Usage, seconds
 from .errors import ConfigError, CostError, StateError, StorageUnavailable
 from .keys import Subject, check_name, subject_text, tag
 from .rules import Rule, RuleSpec, parse_rules
-from .scripts import algorithm_script, block_script
+from .scripts import algorithm_script, block_script, cap_ops_script, capped_script
 
 __all__ = ["LimiterBase"]
 
 Call = tuple[list[str], list[bytes | str | int]]
 BLOCK = "block"
+CAP_ONLY = "cap"
+"""The state key suffix of a limiter with a cap and no rules (it keeps no rule state)."""
 
 
 def _us(value: float, what: str) -> int:
@@ -74,17 +77,25 @@ class LimiterBase:
     def __init__(
         self,
         client: Any,
-        rules: RuleSpec,
+        rules: RuleSpec | None,
         *,
         algorithm: str = "sliding_log",
         name: str,
         prefix: str = "governor",
         precision: int | None = None,
+        concurrency: int | None = None,
+        lease: float = 30.0,
     ) -> None:
         self.client = client
         self.name = check_name("limiter name", name)
         self.prefix = check_name("prefix", prefix)
-        self.rules: tuple[Rule, ...] = parse_rules(rules)
+        self.cap: Cap | None = None if concurrency is None else Cap.make(concurrency, lease)
+        if rules is None or (self.cap is not None and (rules == "" or rules == ())):
+            if self.cap is None:
+                raise ConfigError("a limiter needs rules, a concurrency cap, or both")
+            self.rules: tuple[Rule, ...] = ()
+        else:
+            self.rules = parse_rules(rules)
         self.algorithm: Algorithm = get_algorithm(algorithm)
         self.algorithm.check(self.rules)
         numbers = [rule.limit for rule in self.rules] + [rule.period_us for rule in self.rules]
@@ -107,14 +118,29 @@ class LimiterBase:
         # a changed rule set starts afresh instead of misreading old counters. (The sliding
         # log's stamps mean the same under any rules.)
         self._suffix = self.algorithm.suffix
-        if self.algorithm.name != "sliding_log":
+        if not self.rules:
+            self._suffix = CAP_ONLY
+        elif self.algorithm.name != "sliding_log":
             self._suffix += hashlib.sha1(self._packed).hexdigest()[:4]
-        self._script = algorithm_script(self.algorithm.script)
+        if self.cap is None:
+            self._script = algorithm_script(self.algorithm.script)
+        else:
+            self._script = capped_script(self.algorithm.script if self.rules else None)
+        self._rates = algorithm_script(self.algorithm.script)
+        """The rules' script alone (usage of a capped limiter)."""
+        self._cap_ops = cap_ops_script()
         self._block = block_script()
 
     def __repr__(self) -> str:
         rules = ", ".join(r.text for r in self.rules)
-        return f"<{type(self).__name__} {self.name!r} {rules!r} {self.algorithm.name}>"
+        cap = f" concurrency {self.cap.limit}" if self.cap is not None else ""
+        return f"<{type(self).__name__} {self.name!r} {rules!r} {self.algorithm.name}{cap}>"
+
+    @property
+    def books(self) -> bool:
+        """Whether :meth:`reserve` can book a future moment (a cap without rules books a moment
+        that holds nothing: its slot is taken only when the holder starts)."""
+        return self.algorithm.books or not self.rules
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -122,6 +148,16 @@ class LimiterBase:
         """The (state, block) keys of a subject; both share one hash tag."""
         head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
         return head + self._suffix, head + BLOCK
+
+    def cap_keys(self, subject: Subject) -> list[str]:
+        """The subject's keys for its concurrency cap: state and block first, then the cap's
+        holders, entries, waiters and finished copies (one hash tag)."""
+        head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
+        return [head + self._suffix, head + BLOCK, *(head + kind for kind in CAP_SUFFIXES)]
+
+    def wake_key(self, subject: Subject, holder: str) -> str:
+        """The list a process waiting for a slot blocks on (cap.lua pushes to it)."""
+        return self.cap_keys(subject)[2][:-2] + "cq:" + holder
 
     def _pattern(self) -> str:
         """SCAN pattern for this limiter's keys (glob characters in names matched literally)."""
@@ -141,13 +177,17 @@ class LimiterBase:
         max_wait: float | None = None,
         tolerance: float = 0.0,
         slot: Slot | None = None,
+        hold: Hold | None = None,
+        info: str = "",
     ) -> Call:
+        if op == "lease" and self.cap is not None:
+            raise ConfigError("a limiter with a concurrency cap cannot lease")
         if op == "lease" and not self.algorithm.books:
             raise ConfigError(
                 f"lease needs an algorithm that books (sliding_log, gcra), not "
                 f"{self.algorithm.name}"
             )
-        if op in ("reserve", "claim") and not self.algorithm.books:
+        if op in ("reserve", "claim") and not self.books:
             if not_before is not None:
                 raise ConfigError(
                     f"not_before needs an algorithm that books (sliding_log, gcra), not "
@@ -170,7 +210,53 @@ class LimiterBase:
             args += [slot.start_us, slot.end_us]
         elif op == "lease":
             args.append(_us(tolerance, "span"))
-        return list(self.keys(subject)), args
+        if self.cap is None or op == "usage":
+            return list(self.keys(subject)), args
+        if hold is None:
+            raise ConfigError(f"limiter {self.name!r} has a concurrency cap: say who holds")
+        args += self.cap.args(hold.holder, hold.token, info_text(info), "")
+        return self.cap_keys(subject), args
+
+    def _cap_call(
+        self,
+        op: str,
+        subject: Subject,
+        holder: str = "",
+        *,
+        token: str = "",
+        info: str = "",
+        message: str = "",
+        now: float | None = None,
+        limit: bool = True,
+    ) -> Call:
+        """A call of ``cap_ops.lua``; ``limit=False`` lets the script read the cap from Redis
+        (a sweep by a process that does not know the configuration)."""
+        if self.cap is None:
+            raise ConfigError(f"limiter {self.name!r} has no concurrency cap")
+        args: list[bytes | str | int] = [b"", op, "" if now is None else _us(now, "now"), 1]
+        cap_args = self.cap.args(holder, token, info_text(info), message)
+        if not limit:
+            cap_args[0] = ""
+        return self.cap_keys(subject), args + cap_args
+
+    def _refund_hold(self, decision: Decision | Slot) -> Hold | None:
+        """Which slot a refund releases: the decision's, or none (for a capped limiter)."""
+        if self.cap is None:
+            return None
+        if isinstance(decision, Decision) and decision.hold is not None:
+            return decision.hold
+        return Hold("-", "-", 0, self.cap.lease)
+
+    def _hold(self, holder: str | None, token: str | None) -> Hold | None:
+        """Who a capped decision is for (a new holder id when none is given)."""
+        if self.cap is None:
+            return None
+        return Hold(
+            holder_text(holder) if holder is not None else f"h-{new_token()}",
+            token or new_token(),
+            0,
+            self.cap.lease,
+        )
 
     def _block_call(
         self, subject: Subject, seconds_: float, reason: str, now: float | None
@@ -182,8 +268,10 @@ class LimiterBase:
             raise ConfigError(f"block reason must be a string, got {reason!r}")
         return [self.keys(subject)[1]], ["" if now is None else _us(now, "now"), duration, reason]
 
-    def _decision(self, reply: bytes | str, cost: int = 1) -> Decision:
-        parts = reply.split(b" " if isinstance(reply, bytes) else " ", 8)  # type: ignore[arg-type]
+    def _decision(self, reply: Any, cost: int = 1, hold: Hold | None = None) -> Decision:
+        if hold is not None:
+            return self._capped(reply, cost, hold)
+        parts = reply.split(b" " if isinstance(reply, bytes) else " ", 8)
         allowed, retry, rule, remaining, reset, now, start, end = map(int, parts[:8])
         return Decision(
             allowed=allowed == 1,
@@ -195,6 +283,27 @@ class LimiterBase:
             now=now / 1_000_000,
             slot=Slot(start, end) if end else None,
             cost=cost,
+        )
+
+    def _capped(self, reply: Sequence[Any], cost: int, hold: Hold) -> Decision:
+        """A decision of a capped limiter: {decision, fence, free slots, handed pairs...}."""
+        text = reply[0]
+        d = self._decision(text, cost)
+        parts = text.split(b" " if isinstance(text, bytes) else " ", 8)
+        fence, free = int(reply[1]), int(reply[2])
+        return Decision(
+            allowed=d.allowed,
+            retry_after=d.retry_after,
+            remaining=min(d.remaining, free) if self.rules else free,
+            reset_after=d.reset_after,
+            rule=d.rule,
+            blocked=d.blocked,
+            now=d.now,
+            slot=d.slot,
+            cost=cost,
+            capped=_text(parts[8]) if int(parts[2]) == -2 else None,
+            hold=Hold(hold.holder, hold.token, fence, hold.lease) if fence else None,
+            handed=handed(reply[3:]),
         )
 
     def _usage(self, subject: Subject, reply: Sequence[Any]) -> Usage:

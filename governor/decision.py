@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .rules import Rule
 
-__all__ = ["Decision", "RuleUsage", "Slot", "Usage"]
+__all__ = ["CapUsage", "Decision", "Hold", "Holder", "RuleUsage", "Slot", "Usage"]
 
 _US = 1_000_000
 
@@ -39,6 +39,21 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """A concurrency slot a decision took: give it back with ``release``, keep it with ``renew``.
+
+    ``fence`` is a fencing token: larger than every one given before for the subject, so a
+    downstream system can refuse a holder whose slot was given to another in the meantime.
+    """
+
+    holder: str
+    token: str
+    fence: int
+    lease: float
+    """Seconds the slot is held without a renewal."""
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The answer to one acquire/peek/reserve/claim.
 
@@ -63,6 +78,15 @@ class Decision:
     """The admission or booking this decision holds, for claim and refund."""
     cost: int = 1
     """The units asked for (a refund gives back as many)."""
+    capped: str | None = None
+    """Why the concurrency cap denied, or None: ``"full"`` (every slot is held or waited for;
+    ``retry_after`` is only an estimate, the earliest lease's end), ``"copy"`` (a live copy of
+    this holder holds a slot), ``"done"`` (this holder finished while a copy waited)."""
+    hold: Hold | None = None
+    """The concurrency slot an admission took (limiters with a cap)."""
+    handed: tuple[tuple[str, str], ...] = ()
+    """(holder, message) of waiters this call handed a freed slot to: the caller publishes
+    each message (governor.celery does). Waiting processes are woken by Redis instead."""
 
     @property
     def booked(self) -> bool:
@@ -109,3 +133,33 @@ class Usage:
     many: :attr:`booked_for` tells how far the bookings reach."""
     booked_for: float = 0.0
     """Seconds until the last booking held starts (0.0 when none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One holder of a concurrency slot."""
+
+    holder: str
+    since: float
+    """Unix seconds it took the slot (for a handed-over slot: when it was handed)."""
+    expires: float
+    """Unix seconds its lease ends unless renewed."""
+    fence: int
+    info: str
+    """What the holder said about itself (governor.celery: the worker node and process)."""
+    pending: bool
+    """Handed over to a waiter that has not started yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class CapUsage:
+    """A concurrency cap's holders and waiters for one subject."""
+
+    limit: int
+    holders: tuple[Holder, ...]
+    waiting: int
+    now: float
+
+    @property
+    def held(self) -> int:
+        return sum(1 for h in self.holders if h.expires > self.now)

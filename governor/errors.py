@@ -12,6 +12,7 @@ __all__ = [
     "GovernorError",
     "GovernorTimeout",
     "RuleError",
+    "SlotLost",
     "StateError",
     "StorageUnavailable",
     "SubjectError",
@@ -48,3 +49,7 @@ class StorageUnavailable(GovernorError):
 
 class GovernorTimeout(GovernorError):
     """A governed task waited longer in total than its ``governor_max_wait`` allows."""
+
+
+class SlotLost(GovernorError):
+    """A concurrency slot's lease ended without renewal: another holder may have it now."""

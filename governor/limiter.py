@@ -8,8 +8,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from .caps import Waited, handed, holder_text, usage, waited
 from .core import Call, LimiterBase
-from .decision import Decision, Slot, Usage
+from .decision import CapUsage, Decision, Hold, Slot, Usage
 from .direct import Lane, NotSent, lane_for
 from .keys import Subject, parse_key
 from .rules import RuleSpec
@@ -36,16 +37,25 @@ class Limiter(LimiterBase):
     def __init__(
         self,
         client: Any,
-        rules: RuleSpec,
+        rules: RuleSpec | None,
         *,
         algorithm: str = "sliding_log",
         name: str,
         prefix: str = "governor",
         precision: int | None = None,
         direct: bool = True,
+        concurrency: int | None = None,
+        lease: float = 30.0,
     ) -> None:
         super().__init__(
-            client, rules, algorithm=algorithm, name=name, prefix=prefix, precision=precision
+            client,
+            rules,
+            algorithm=algorithm,
+            name=name,
+            prefix=prefix,
+            precision=precision,
+            concurrency=concurrency,
+            lease=lease,
         )
         self.direct = direct
         self._lane_of: tuple[Any, Lane | None] = (None, None)
@@ -75,17 +85,38 @@ class Limiter(LimiterBase):
         except (RedisError, RedisClusterException) as exc:
             raise self._error(exc, keys) from exc
 
-    def acquire(self, subject: Subject, cost: int = 1, *, now: float | None = None) -> Decision:
-        """Admit ``cost`` units for ``subject`` if every rule allows it, counting them."""
-        return self._decision(
-            self._eval(self._script, self._call("acquire", subject, cost, now)), cost
-        )
+    def acquire(
+        self,
+        subject: Subject,
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        holder: str | None = None,
+        token: str | None = None,
+        info: str = "",
+    ) -> Decision:
+        """Admit ``cost`` units for ``subject`` if every rule allows it, counting them.
 
-    def peek(self, subject: Subject, cost: int = 1, *, now: float | None = None) -> Decision:
+        With a concurrency cap, an admission also takes a slot for ``holder`` (a new id if
+        None; ``info`` says who it is, for operators): ``decision.hold``, to give back with
+        :meth:`release`. A full cap denies with ``decision.capped``.
+        """
+        hold = self._hold(holder, token)
+        call = self._call("acquire", subject, cost, now, hold=hold, info=info)
+        return self._decision(self._eval(self._script, call), cost, hold)
+
+    def peek(
+        self,
+        subject: Subject,
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        holder: str | None = None,
+    ) -> Decision:
         """The answer :meth:`acquire` would give now, without counting anything."""
-        return self._decision(
-            self._eval(self._script, self._call("peek", subject, cost, now)), cost
-        )
+        hold = self._hold(holder, None)
+        call = self._call("peek", subject, cost, now, hold=hold)
+        return self._decision(self._eval(self._script, call), cost, hold)
 
     def reserve(
         self,
@@ -96,6 +127,9 @@ class Limiter(LimiterBase):
         not_before: float | None = None,
         max_wait: float | None = None,
         tolerance: float = 0.0,
+        holder: str | None = None,
+        token: str | None = None,
+        info: str = "",
     ) -> Decision:
         """Admit now, or book the earliest moment every rule admits (first come, first served).
 
@@ -104,8 +138,11 @@ class Limiter(LimiterBase):
         ``[slot.start, slot.end]`` where ``slot.end = slot.start + tolerance``, and proves it
         with :meth:`claim`. No booking is made when the wait would exceed ``max_wait`` seconds.
         ``not_before`` (Unix seconds) books no earlier than that moment. Algorithms that cannot
-        book (token_bucket, fixed_window, sliding_window) act as :meth:`acquire`.
+        book (token_bucket, fixed_window, sliding_window) act as :meth:`acquire`. With a
+        concurrency cap, only an admission now takes a slot (a booking holds none: the cap is
+        asked again at :meth:`claim`).
         """
+        hold = self._hold(holder, token)
         call = self._call(
             "reserve",
             subject,
@@ -114,8 +151,10 @@ class Limiter(LimiterBase):
             not_before=not_before,
             max_wait=max_wait,
             tolerance=tolerance,
+            hold=hold,
+            info=info,
         )
-        return self._decision(self._eval(self._script, call), cost)
+        return self._decision(self._eval(self._script, call), cost, hold)
 
     def lease(
         self, subject: Subject, cost: int = 1, *, span: float, now: float | None = None
@@ -143,6 +182,9 @@ class Limiter(LimiterBase):
         now: float | None = None,
         max_wait: float | None = None,
         tolerance: float | None = None,
+        holder: str | None = None,
+        token: str | None = None,
+        info: str = "",
     ) -> Decision:
         """Start on a booked slot.
 
@@ -151,11 +193,23 @@ class Limiter(LimiterBase):
         :meth:`reserve` (admitted now if the rules allow, else a new booking behind the queue),
         so late starters never burst with punctual ones; the missed slot stays spent (a duplicate
         delivery could hold the same booking after it was used).
-        ``tolerance`` for a new booking defaults to the slot's own.
+        ``tolerance`` for a new booking defaults to the slot's own. With a concurrency cap that
+        is full, the booking is given back and the claim is denied with ``decision.capped``.
         """
         tol = (slot.end_us - slot.start_us) / 1e6 if tolerance is None else tolerance
-        call = self._call("claim", subject, cost, now, max_wait=max_wait, tolerance=tol, slot=slot)
-        return self._decision(self._eval(self._script, call), cost)
+        hold = self._hold(holder, token)
+        call = self._call(
+            "claim",
+            subject,
+            cost,
+            now,
+            max_wait=max_wait,
+            tolerance=tol,
+            slot=slot,
+            hold=hold,
+            info=info,
+        )
+        return self._decision(self._eval(self._script, call), cost, hold)
 
     def refund(
         self,
@@ -164,22 +218,83 @@ class Limiter(LimiterBase):
         cost: int | None = None,
         *,
         now: float | None = None,
-    ) -> None:
+    ) -> tuple[tuple[str, str], ...]:
         """Give back what an admitted or booked decision counted (e.g. another limit denied).
 
         Refund a decision at most once. The sliding log removes exactly that admission or
         booking; gcra gives back only the newest one (otherwise the capacity stays spent);
-        token_bucket only within the shortest window; a peek holds nothing to refund.
+        token_bucket only within the shortest window; a peek holds nothing to refund. A
+        concurrency slot the decision took is released too: returns the waiters it was handed
+        to (see :attr:`Decision.handed`).
         """
         slot = decision.slot if isinstance(decision, Decision) else decision
         if cost is None:
             cost = decision.cost if isinstance(decision, Decision) else 1
-        if slot is not None:
-            self._eval(self._script, self._call("refund", subject, cost, now, slot=slot))
+        if slot is None:
+            return ()
+        hold = self._refund_hold(decision)
+        reply = self._eval(
+            self._script, self._call("refund", subject, cost, now, slot=slot, hold=hold)
+        )
+        return handed(reply[3:]) if hold is not None else ()
+
+    # -- concurrency caps -----------------------------------------------------------------
+
+    def release(
+        self, subject: Subject, hold: Hold | str, *, info: str = "", now: float | None = None
+    ) -> tuple[bool, tuple[tuple[str, str], ...]]:
+        """Give back a concurrency slot: (released, waiters handed a slot). A :class:`Hold`
+        releases only with its token (never a slot taken over by another); a holder id with
+        ``info`` releases the slot that holder took with that info (for a process that died).
+        False when the slot was no longer held (its lease lapsed)."""
+        holder, token = (hold.holder, hold.token) if isinstance(hold, Hold) else (hold, "")
+        call = self._cap_call(
+            "release", subject, holder_text(holder), token=token, info=info, now=now
+        )
+        reply = self._eval(self._cap_ops, call)
+        return int(reply[0]) == 1, handed(reply[3:])
+
+    def renew(self, subject: Subject, hold: Hold, *, now: float | None = None) -> bool:
+        """Extend a slot's lease by ``lease`` seconds from now; False if it is no longer held
+        (it lapsed and was removed, or taken over)."""
+        call = self._cap_call("renew", subject, hold.holder, token=hold.token, now=now)
+        return int(self._eval(self._cap_ops, call)[0]) == 1
+
+    def wait(
+        self, subject: Subject, holder: str, message: str = "", *, now: float | None = None
+    ) -> Waited:
+        """Queue ``holder`` for a slot unless one is free for it now (then decide again).
+        ``message`` is what a hand-over returns for the caller to publish (a Celery task's
+        message); "" queues a process that waits on its own (see :class:`Concurrency`)."""
+        call = self._cap_call("wait", subject, holder_text(holder), message=message, now=now)
+        return waited(self._eval(self._cap_ops, call))
+
+    def cancel(
+        self, subject: Subject, holder: str, *, now: float | None = None
+    ) -> tuple[bool, tuple[tuple[str, str], ...]]:
+        """Leave the queue (a slot handed to ``holder`` meanwhile is passed on)."""
+        call = self._cap_call("cancel", subject, holder_text(holder), now=now)
+        reply = self._eval(self._cap_ops, call)
+        return int(reply[0]) == 1, handed(reply[3:])
+
+    def sweep(
+        self, subject: Subject, *, now: float | None = None, configured: bool = True
+    ) -> tuple[float, tuple[tuple[str, str], ...]]:
+        """Remove lapsed holders and hand their slots to waiters: (the next moment a sweep
+        could matter, Unix seconds, 0 when nobody waits; waiters handed a slot).
+        ``configured=False``: use the limit stored by the last waiter (this limiter's may
+        be a stand-in)."""
+        call = self._cap_call("sweep", subject, now=now, limit=configured)
+        reply = self._eval(self._cap_ops, call)
+        return int(reply[0]) / 1000, handed(reply[3:])
+
+    def holders(self, subject: Subject, *, now: float | None = None) -> CapUsage:
+        """The subject's concurrency slots: who holds them, since when, and how many wait."""
+        return usage(self._eval(self._cap_ops, self._cap_call("usage", subject, now=now)))
 
     def usage(self, subject: Subject, *, now: float | None = None) -> Usage:
         """Per rule: units used, limit, seconds until one more fits and until it is all free."""
-        return self._usage(subject, self._eval(self._script, self._call("usage", subject, 1, now)))
+        return self._usage(subject, self._eval(self._rates, self._call("usage", subject, 1, now)))
 
     def reset(self, subject: Subject) -> None:
         """Forget everything counted for ``subject`` (a manual block stays)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-__all__ = ["LuaScript", "algorithm_script", "block_script"]
+__all__ = ["LuaScript", "algorithm_script", "block_script", "cap_ops_script", "capped_script"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +42,25 @@ def block_script() -> LuaScript:
 def plain_script(name: str) -> LuaScript:
     """A standalone script (no prelude): block, park, release."""
     return _make(name, _read(name))
+
+
+NO_RULES = """local function rate()
+  local untl, reason = read_block()
+  if untl then return blocked_reply(untl, reason) end
+end"""
+"""The rules part of a cap without rules: only a manual block denies."""
+
+
+@cache
+def capped_script(algorithm: str | None) -> LuaScript:
+    """A decision under rules (``algorithm``; None: no rules) and a concurrency cap at once:
+    the algorithm runs as a function, ``rate()``, between the cap's check and its taking."""
+    rate = NO_RULES if algorithm is None else f"local function rate()\n{_read(algorithm)}\nend"
+    parts = [_read("common"), _read("cap"), rate, _read("cap_decide")]
+    return _make(f"capped_{algorithm or 'none'}", "\n".join(parts))
+
+
+@cache
+def cap_ops_script() -> LuaScript:
+    """The cap's own operations: release, renew, wait, cancel, sweep, usage."""
+    return _make("cap_ops", "\n".join([_read("common"), _read("cap"), _read("cap_ops")]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 Decision = tuple[bool, int, int, int, int, int, int]
 Rules = list[tuple[int, int]]  # (limit, window_us)
@@ -552,3 +553,219 @@ MODELS = {
     "fixed_window": FixedWindow,
     "sliding_window": SlidingWindow,
 }
+
+
+class Cap:
+    """A concurrency cap (cap.lua, cap_decide.lua, cap_ops.lua) over one subject, stated
+    plainly: holders with leases, waiters in a list, copies that finished. Times: ``now`` in
+    microseconds, leases and expiries in milliseconds, as the scripts keep them.
+
+    ``rate`` (a model above, or None) is asked only when the cap has a slot for the holder;
+    the slot is taken only when it admits.
+    """
+
+    def __init__(self, limit: int, lease_ms: int, rate: Any = None) -> None:
+        self.limit, self.lease, self.rate = limit, lease_ms, rate
+        self.holders: dict[
+            str, dict[str, Any]
+        ] = {}  # id -> token, since, expiry, fence, flags, info
+        self.pending: dict[str, str] = {}  # handed-over waiter -> its message
+        self.waiters: list[str] = []
+        self.messages: dict[str, str] = {}
+        self.done: dict[str, int] = {}
+        self.fence = 0
+
+    # -- the shared parts (cap.lua) ----------------------------------------------------------
+
+    def _drop(self, holder: str) -> None:
+        self.holders.pop(holder, None)
+        self.pending.pop(holder, None)
+
+    def _hand_over(self, now_ms: int, out: list[tuple[str, str]]) -> None:
+        room = self.limit - len(self.holders)
+        while room > 0 and self.waiters:
+            holder = self.waiters.pop(0)
+            msg = self.messages.pop(holder, None)
+            if msg is None:
+                continue
+            self.holders[holder] = dict(
+                token="-",
+                since=now_ms,
+                expiry=now_ms + self.lease,
+                fence=0,
+                flags="p",
+                info="handed over",
+            )
+            if msg != "":
+                self.pending[holder] = msg
+                out.append((holder, msg))
+            room -= 1
+
+    def _sweep(self, now_ms: int, out: list[tuple[str, str]]) -> None:
+        lapsed = sorted((h["expiry"], k) for k, h in self.holders.items() if h["expiry"] <= now_ms)
+        for _, holder in lapsed[:100]:
+            if holder in self.pending:
+                self.holders[holder]["expiry"] = now_ms + self.lease
+                out.append((holder, self.pending[holder]))
+            else:
+                self._drop(holder)
+        if self.waiters:
+            self._hand_over(now_ms, out)
+
+    def _verdict(self, holder: str, now_ms: int, live_only: bool) -> tuple[str, int]:
+        if self.done.get(holder, -1) > now_ms:
+            return "done", -1
+        e = self.holders.get(holder)
+        if e is not None:
+            if e["flags"] == "p":
+                return "mine", 0
+            if e["expiry"] > now_ms:
+                return "copy", (e["expiry"] - now_ms) * 1000
+        held = (
+            sum(1 for h in self.holders.values() if h["expiry"] > now_ms)
+            if live_only
+            else len(self.holders)
+        )
+        if held < self.limit and not self.waiters:
+            return "room", 0
+        if not self.holders:
+            return "full", self.lease * 1000
+        first = min((h["expiry"], k) for k, h in self.holders.items())[0]
+        return "full", max(0, (first - now_ms) * 1000)
+
+    def _finish(self) -> None:
+        if not self.holders and not self.waiters:
+            self.fence = 0  # the entries' hash is deleted
+
+    def free(self, now_ms: int) -> int:
+        return max(0, self.limit - sum(1 for h in self.holders.values() if h["expiry"] > now_ms))
+
+    # -- decisions (cap_decide.lua) ----------------------------------------------------------
+
+    def decide(
+        self, op: str, now: int, holder: str, token: str, info: str = "", **rate_args: Any
+    ) -> tuple[str, int, int, list[tuple[str, str]], Any]:
+        """(why, fence, free, handed, the rate model's decision or None)."""
+        now_ms = now // 1000
+        out: list[tuple[str, str]] = []
+        if op != "peek":
+            self._sweep(now_ms, out)
+        why, _wait = self._verdict(holder, now_ms, op == "peek")
+        fence, rated = 0, None
+        if why in ("room", "mine"):
+            rated = self.rate.decide(op, now, **rate_args) if self.rate is not None else None
+            allowed = rated is None or rated[0]
+            if op != "peek":
+                if allowed:
+                    self.fence = fence = max(now, self.fence + 1)
+                    self.holders[holder] = dict(
+                        token=token,
+                        since=now_ms,
+                        expiry=now_ms + self.lease,
+                        fence=fence,
+                        flags="-",
+                        info=info,
+                    )
+                    self.pending.pop(holder, None)
+                elif why == "mine":
+                    self._drop(holder)
+                    self._hand_over(now_ms, out)
+        else:
+            if why == "copy" and op != "peek":
+                self.holders[holder]["flags"] = "c"
+            if op == "claim" and self.rate is not None:
+                start, end = rate_args["slot"]
+                self.rate.refund(start, end, rate_args["cost"], now)
+        if op != "peek":
+            self._finish()
+        return why, fence, self.free(now_ms), out, rated
+
+    def refund(self, now: int, holder: str, token: str) -> list[tuple[str, str]]:
+        now_ms, out = now // 1000, []
+        e = self.holders.get(holder)
+        if e is not None and e["token"] == token:
+            self._drop(holder)
+        self._sweep(now_ms, out)
+        self._finish()
+        return out
+
+    # -- operations (cap_ops.lua) ------------------------------------------------------------
+
+    def release(
+        self, now: int, holder: str, token: str = "", info: str = ""
+    ) -> tuple[int, list[tuple[str, str]]]:
+        now_ms, out = now // 1000, []
+        e = self.holders.get(holder)
+        if (
+            e is None
+            or e["flags"] == "p"
+            or (token != "" and e["token"] != token)
+            or (token == "" and e["info"] != info)
+        ):
+            self._sweep(now_ms, out)
+            self._finish()
+            return 0, out
+        self._drop(holder)
+        if e["flags"] == "c":
+            self.done = {k: v for k, v in self.done.items() if v > now_ms}
+            self.done[holder] = now_ms + 2 * self.lease
+        self._sweep(now_ms, out)
+        self._finish()
+        return 1, out
+
+    def renew(self, now: int, holder: str, token: str) -> int:
+        e = self.holders.get(holder)
+        if e is None or e["token"] != token:
+            return 0
+        e["expiry"] = now // 1000 + self.lease
+        self._finish()
+        return 1
+
+    def wait(self, now: int, holder: str, message: str) -> tuple[str, int, list[tuple[str, str]]]:
+        now_ms, out = now // 1000, []
+        self._sweep(now_ms, out)
+        why, wait = self._verdict(holder, now_ms, False)
+        if why == "full":
+            if holder not in self.waiters:
+                self.waiters.append(holder)
+            self.messages[holder] = message
+            why, wait = "queued", self.waiters.index(holder)
+        elif why == "copy":
+            self.holders[holder]["flags"] = "c"
+        self._finish()
+        return why, wait, out
+
+    def cancel(self, now: int, holder: str) -> tuple[int, list[tuple[str, str]]]:
+        now_ms, out = now // 1000, []
+        gone = 1 if holder in self.waiters else 0
+        if gone:
+            self.waiters.remove(holder)
+        self.messages.pop(holder, None)
+        e = self.holders.get(holder)
+        if not gone and e is not None and e["flags"] == "p":
+            self._drop(holder)
+            gone = 1
+        self._sweep(now_ms, out)
+        self._finish()
+        return gone, out
+
+    def sweep(self, now: int) -> tuple[int, list[tuple[str, str]]]:
+        now_ms, out = now // 1000, []
+        self._sweep(now_ms, out)
+        self._finish()
+        nxt = 0
+        if self.waiters:
+            nxt = (
+                min((h["expiry"], k) for k, h in self.holders.items())[0]
+                if self.holders
+                else now_ms
+            )
+        return nxt, out
+
+    def usage(self) -> tuple[list[tuple[str, int, int, str, bool]], int]:
+        """(holders as (id, expiry, fence, info, pending), oldest lease first; waiting)."""
+        holders = sorted(
+            (h["expiry"], k, h["fence"], h["info"], h["flags"] == "p")
+            for k, h in self.holders.items()
+        )
+        return [(k, exp, f, i, p) for exp, k, f, i, p in holders], len(self.waiters)

@@ -1,0 +1,150 @@
+"""What the sync and asyncio limiters share about concurrency caps: validation, arguments and
+replies of ``cap_decide.lua`` and ``cap_ops.lua``.
+
+A limiter with ``concurrency=N`` admits at most N holders of a subject at once, on top of its
+rules (or alone, with no rules). Its decisions take a slot when they admit; the holder gives
+it back with ``release`` and keeps it past its lease with ``renew``. See
+:class:`governor.Concurrency` for the blocking primitive built on it.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .decision import CapUsage, Holder
+from .errors import ConfigError, SubjectError
+
+__all__ = [
+    "CAP_SUFFIXES",
+    "MAX_CONCURRENCY",
+    "MAX_TEXT",
+    "Cap",
+    "Waited",
+    "handed",
+    "holder_text",
+    "info_text",
+    "new_token",
+    "usage",
+]
+
+CAP_SUFFIXES = ("ch", "cx", "cw", "cd")
+"""Key kinds of a cap: holders, their entries and waiting messages, waiters, done copies."""
+MAX_CONCURRENCY = 1_000_000
+MAX_TEXT = 256
+"""Longest holder id or holder info, in characters."""
+MIN_LEASE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """A cap: at most ``limit`` holders at once, each for ``lease`` seconds unless renewed."""
+
+    limit: int
+    lease: float
+
+    @classmethod
+    def make(cls, limit: object, lease: object) -> Cap:
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not (1 <= limit <= MAX_CONCURRENCY)
+        ):
+            raise ConfigError(
+                f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, got {limit!r}"
+            )
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, (int, float))
+            or not math.isfinite(lease)
+            or not MIN_LEASE <= lease <= 86_400
+        ):
+            raise ConfigError(
+                f"a concurrency lease must be {MIN_LEASE} to 86400 seconds, got {lease!r}"
+            )
+        return cls(limit, float(lease))
+
+    def args(self, holder: str, token: str, info: str, message: str) -> list[str | int]:
+        """The six ARGV a cap script takes after the decision's own."""
+        return [self.limit, round(self.lease * 1_000_000), holder, token, info, message]
+
+
+def holder_text(holder: object, what: str = "holder") -> str:
+    """Validate a holder id (or info): text without spaces, at most MAX_TEXT characters."""
+    if not isinstance(holder, str) or not holder or len(holder) > MAX_TEXT:
+        raise SubjectError(
+            f"a {what} must be a non-empty string of at most {MAX_TEXT} characters, got "
+            f"{holder!r:.80}"
+        )
+    if what == "holder" and any(c.isspace() for c in holder):
+        raise SubjectError(f"a holder must not contain spaces, got {holder!r}")
+    return holder
+
+
+def info_text(info: object) -> str:
+    """What a holder says about itself: any text, cut to MAX_TEXT characters."""
+    if not isinstance(info, str):
+        raise ConfigError(f"holder info must be a string, got {info!r:.80}")
+    return info[:MAX_TEXT]
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def handed(items: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    """(holder, message) pairs from a script's flat list."""
+    return tuple((_text(items[i]), _text(items[i + 1])) for i in range(0, len(items) - 1, 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    """What ``wait`` did: ``status`` is ``"queued"`` (``position`` in the queue, 0 first),
+    ``"room"`` or ``"mine"`` (a slot is free for it now: decide again), ``"copy"`` (a live copy
+    holds a slot; ``estimate``: seconds until its lease ends) or ``"done"``."""
+
+    status: str
+    position: int
+    estimate: float
+    now: float
+    handed: tuple[tuple[str, str], ...]
+
+
+def waited(reply: Sequence[Any]) -> Waited:
+    status = _text(reply[0])
+    value = int(reply[1])
+    return Waited(
+        status=status,
+        position=value if status == "queued" else -1,
+        estimate=value / 1e6 if status == "copy" else 0.0,
+        now=int(reply[2]) / 1000,
+        handed=handed(reply[3:]),
+    )
+
+
+def usage(reply: Sequence[Any]) -> CapUsage:
+    now_ms, limit, waiting = int(reply[0]), int(reply[1]), int(reply[2])
+    holders = []
+    for i in range(3, len(reply) - 2, 3):
+        parts = _text(reply[i + 2]).split(" ", 4)
+        if len(parts) < 5:
+            continue
+        _token, since, fence, flags, info = parts
+        holders.append(
+            Holder(
+                holder=_text(reply[i]),
+                since=int(since) / 1000,
+                expires=float(reply[i + 1]) / 1000,
+                fence=int(fence),
+                info=info,
+                pending=flags == "p",
+            )
+        )
+    return CapUsage(limit=limit, holders=tuple(holders), waiting=waiting, now=now_ms / 1000)

@@ -1,0 +1,48 @@
+-- cap_decide.lua: a decision under rules and a concurrency cap at once (after common.lua,
+-- cap.lua and the algorithm wrapped as `rate()`, which returns its decision, or nil when the
+-- limit has no rules). See cap.lua for KEYS[3..6] and the extra ARGV.
+--
+-- The cap is asked first; only when it has a slot for the holder are the rules asked, and
+-- the slot is taken only when they admit too (all or nothing). A booking claimed while the cap
+-- is full is given back in this call. peek changes nothing.
+-- refund gives back the rules' part (rate() with op refund) and the holder's slot, if its
+-- token matches: {'1', 0, 0, handed pairs...}.
+-- Returns {decision (common.lua's string; a cap denial has rule -2 and reason full, copy or
+--          done), fence (0 unless a slot was taken), free slots after it, then (id, message)
+--          pairs of waiters this call handed a slot to: the caller publishes them}
+local out = {}
+if op == 'refund' then  -- give back the rules' admission or booking, and the slot if it took one
+  rate()
+  local e = entry(holder)
+  if e and e.token == token then drop(holder) end
+  sweep(out)
+  finish()
+  return {'1', 0, 0, unpack(out)}
+end
+if op ~= 'peek' then sweep(out) end
+local why, wait, e = verdict(op == 'peek')
+local reply, fence = nil, 0
+if why == 'room' or why == 'mine' then
+  reply = rate() or decision(1, 0, 0, 0, 0, now, now, '')
+  if op ~= 'peek' then
+    if string.byte(reply, 1) == 49 then  -- '1': admitted, so it takes the slot
+      fence = next_fence()
+      redis.call('ZADD', HK, expires, holder)
+      redis.call('HDEL', XK, 'p' .. holder)
+      put(holder, token, now_ms, fmt(fence), '-', info)
+    elseif why == 'mine' then  -- a slot was handed to it, but a rule denies: pass it on
+      drop(holder)
+      hand_over(out)
+    end
+  end
+else
+  if why == 'copy' and op ~= 'peek' then put(holder, e.token, e.since, e.fence, 'c', e.info) end
+  if op == 'claim' then
+    op = 'refund'  -- the booking it came to claim goes back: it cannot start now
+    rate()
+  end
+  reply = decision(0, wait, -2, 0, wait > 0 and wait or 0, 0, 0, why)
+end
+if op ~= 'peek' then finish() end
+local free = cap_limit - redis.call('ZCOUNT', HK, '(' .. fmt(now_ms), '+inf')
+return {reply, fence, max(0, free), unpack(out)}
