@@ -59,9 +59,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_command(executable: str, port: int, directory: str, logfile: str) -> list[str]:
+def server_command(
+    executable: str, port: int, directory: str, logfile: str, appendonly: bool = False
+) -> list[str]:
     """A redis-server command line for a private, throwaway server on loopback: no
-    persistence, in the foreground, logging to ``directory/logfile``."""
+    persistence (or an append-only file, fsynced every second), in the foreground, logging to
+    ``directory/logfile``."""
     return [
         executable,
         "--port",
@@ -71,7 +74,7 @@ def server_command(executable: str, port: int, directory: str, logfile: str) -> 
         "--save",
         "",
         "--appendonly",
-        "no",
+        "yes" if appendonly else "no",
         "--dir",
         directory,
         "--daemonize",
@@ -84,12 +87,18 @@ def server_command(executable: str, port: int, directory: str, logfile: str) -> 
 
 
 class EmbeddedRedis:
-    """A redis-server child process. ``stop()`` and ``start()`` again keep the same port."""
+    """A redis-server child process. ``stop()`` and ``start()`` again keep the same port (and,
+    with ``appendonly``, the data: a restart reads the append-only file back)."""
 
     def __init__(
-        self, executable: str | None = None, port: int | None = None, prefer_bundled: bool = False
+        self,
+        executable: str | None = None,
+        port: int | None = None,
+        prefer_bundled: bool = False,
+        appendonly: bool = False,
     ) -> None:
         self.executable = executable or find_redis_server(prefer_bundled)
+        self.appendonly = appendonly
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="governor-redis-")
         self.process: subprocess.Popen[bytes] | None = None
@@ -98,7 +107,7 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
-        args = server_command(self.executable, self.port, self.dir, "redis.log")
+        args = server_command(self.executable, self.port, self.dir, "redis.log", self.appendonly)
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,7 +15,15 @@ from celery.contrib.testing.worker import start_worker
 
 from governor.plan import most_in_window
 
-__all__ = ["Recorder", "most_in_window", "new_app", "worker"]
+__all__ = [
+    "Recorder",
+    "first_at_once",
+    "most_at_once",
+    "most_in_window",
+    "new_app",
+    "wait_for",
+    "worker",
+]
 
 
 def new_app(redis_url: str, queue: str, **conf: Any) -> Celery:
@@ -73,3 +81,38 @@ def worker(
         shutdown_timeout=10,
     ):
         yield
+
+
+def most_at_once(intervals: list[dict[str, Any]]) -> int:
+    """The most intervals ({"start", "end"}) covering one moment (an end before a start at
+    the same instant)."""
+    events = sorted([(i["start"], 1) for i in intervals] + [(i["end"], -1) for i in intervals])
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    return peak
+
+
+def first_at_once(intervals: list[dict[str, Any]], count: int, after: float) -> float | None:
+    """The first moment after ``after`` that ``count`` intervals cover, or None."""
+    events = sorted([(i["start"], 1) for i in intervals] + [(i["end"], -1) for i in intervals])
+    running = 0
+    for t, change in events:
+        running += change
+        if running >= count and t > after:
+            return float(t)
+    return None
+
+
+def wait_for(
+    read: Callable[[], Any], done: Callable[[Any], bool], timeout: float, every: float = 0.1
+) -> Any:
+    """Read until ``done(value)`` or ``timeout`` seconds pass; returns the last value read (the
+    caller asserts on it, so a wait that times out fails there and never hangs)."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(every)
+        value = read()
+    return value

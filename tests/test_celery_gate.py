@@ -384,7 +384,7 @@ def test_submit_batch_books_every_call_before_sending(redis_server: ServerHandle
 def test_a_governed_task_without_governor_app(redis_server: ServerHandle) -> None:
     """``base=GovernedTask`` alone is enough: the worker installs governor (gate, held
     acknowledgements, the releaser of parked tasks) when it starts."""
-    from governor.celery.parking import ReleaserStep
+    from governor.celery.releaser import ReleaserStep
     from governor.celery.request import GovernedRequestMixin
 
     q = queue_name()

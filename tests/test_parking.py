@@ -12,7 +12,7 @@ from celery import Celery
 
 from conftest import ServerHandle
 from governor import Limiter, StorageUnavailable
-from governor.celery import parking
+from governor.celery import parking, releaser
 from governor.embedded import EmbeddedRedis
 
 
@@ -58,8 +58,8 @@ def test_the_releaser_stamps_each_publication(redis_server: ServerHandle, prefix
         sig = job.s(n).set(headers={"governor": {"waits": 1, "parked": f"id{n}"}})
         due = float(client.time()[0])
         parking.park(client, prefix, f"id{n}", due, parking.envelope(app, sig, due, "test"))
-    releaser = parking.Releaser(app, lambda: client, prefix, horizon=5.0)
-    assert releaser.release_once() == 2
+    releaser_ = releaser.Releaser(app, lambda: client, prefix, horizon=5.0)
+    assert releaser_.release_once() == 2
     assert parking.parked_count(client, prefix) == 0
     headers = [m["headers"]["governor"] for m in _queued(redis_server, queue)]  # type: ignore[index]
     assert sorted(h["parked"] for h in headers) == ["id0", "id1"]

@@ -11,8 +11,11 @@ GT_KILL_ON     "deferred": SIGKILL this worker right after a deferral is re-publ
                "release-before" / "release-after": right before / after its releaser publishes
                a parked task (before the parked entry is removed)
 
-Each task body appends {"id", "t", "n", "waits", "retries", "pid", "node"} to ``<GT_KEY>:runs``;
-failures go to ``<GT_KEY>:failures``; ``worker_ready`` adds the node to ``<GT_KEY>:ready``.
+Each task body appends {"id", "t", "n", "waits", "retries", "pid", "node"} to ``<GT_KEY>:runs``
+when it starts and, with GT_SLEEP, {"id", "start", "end", "pid", "node"} to ``<GT_KEY>:ends``
+when it ends; failures go to ``<GT_KEY>:failures``; ``worker_ready`` adds the node to
+``<GT_KEY>:ready``. Concurrency slots: hand-over latencies go to ``<GT_KEY>:handover``, lost
+slots to ``<GT_KEY>:lost``.
 """
 
 from __future__ import annotations
@@ -70,6 +73,18 @@ def noop(self: Task, n: int) -> None:
     )
     if SLEEP:
         time.sleep(SLEEP)
+        _record.rpush(
+            f"{KEY}:ends",
+            json.dumps(
+                {
+                    "id": self.request.id,
+                    "start": started,
+                    "end": time.time(),
+                    "pid": os.getpid(),
+                    "node": self.request.hostname,
+                }
+            ),
+        )
 
 
 @task_failure.connect
@@ -90,6 +105,17 @@ def _admitted(
 @signals.task_deferred.connect
 def _deferred(sender: Any = None, delay: float = 0.0, **_: Any) -> None:
     _record.rpush(f"{KEY}:deferrals", json.dumps([time.time(), delay]))
+
+
+@signals.slot_acquired.connect
+def _slot(sender: Any = None, handover: float | None = None, **_: Any) -> None:
+    if handover is not None:
+        _record.rpush(f"{KEY}:handover", handover)
+
+
+@signals.slot_lost.connect
+def _slot_lost(limit: str = "", holder: str = "", **_: Any) -> None:
+    _record.rpush(f"{KEY}:lost", json.dumps([time.time(), limit, holder, os.getpid()]))
 
 
 KILL_ON = os.environ.get("GT_KILL_ON", "")

@@ -112,6 +112,27 @@ class Nodes:
             time.sleep(0.1)
         return self.runs()
 
+    def publish(self, queue: str, count: int) -> None:
+        """Send ``count`` noop tasks the way any producer would: a fresh app on the broker."""
+        from celery import Celery
+
+        producer_app = Celery("producer", broker=self.env["GT_BROKER"])
+        with producer_app.producer_or_acquire() as producer:
+            for n in range(count):
+                producer_app.send_task("worker_app.noop", (n,), queue=queue, producer=producer)
+        producer_app.close()
+
+    def records(self, kind: str) -> list[Any]:
+        """What the nodes wrote to ``<key>:<kind>`` (JSON values)."""
+        return [json.loads(x) for x in self.record.lrange(f"{self.key}:{kind}", 0, -1)]
+
+    def pause(self, index: int) -> None:
+        """SIGSTOP a whole node (its main process and its pool processes)."""
+        os.killpg(self.procs[index].pid, signal.SIGSTOP)
+
+    def resume(self, index: int) -> None:
+        os.killpg(self.procs[index].pid, signal.SIGCONT)
+
     def kill(self, index: int) -> None:
         os.killpg(self.procs[index].pid, signal.SIGKILL)
         self.procs[index].wait(10)
@@ -120,6 +141,7 @@ class Nodes:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
+                    os.killpg(proc.pid, signal.SIGCONT)  # a paused node could not stop
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     continue

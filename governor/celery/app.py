@@ -21,16 +21,16 @@ What it does:
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from celery import signals as celery_signals
 
 from ..errors import ConfigError
+from . import registry
 from .gate import Gate
 from .limits import validate_task
-from .parking import ReleaserStep
+from .releaser import ReleaserStep
 from .request import governed_request_class
 from .settings import Settings, load_settings
 from .task import GovernedMixin, GovernedTask
@@ -38,7 +38,6 @@ from .task import GovernedMixin, GovernedTask
 __all__ = ["Governor"]
 
 logger = logging.getLogger("governor.celery")
-_registry: weakref.WeakKeyDictionary[Any, Governor] = weakref.WeakKeyDictionary()
 
 
 class _HideDeferrals(logging.Filter):
@@ -54,12 +53,12 @@ class Governor:
     """governor for one Celery app. Create it once, where the app is defined."""
 
     def __init__(self, app: Any) -> None:
-        if app in _registry:
+        if registry.find(app) is not None:
             raise ConfigError(f"Governor is already installed on app {app.main!r}")
         self.app = app
         self._settings: Settings | None = None
         self._gate: Gate | None = None
-        _registry[app] = self
+        registry.register(app, self)
         finalize = app.finalize
 
         def finalize_and_validate(auto: bool = False) -> None:
@@ -76,12 +75,13 @@ class Governor:
 
     @classmethod
     def find(cls, app: Any) -> Governor | None:
-        return _registry.get(app)
+        found = registry.find(app)
+        return found if isinstance(found, Governor) else None
 
     @classmethod
     def of(cls, app: Any) -> Governor:
         """The app's Governor, created on first use (for GovernedTask without Governor(app))."""
-        return _registry.get(app) or cls(app)
+        return cls.find(app) or cls(app)
 
     @property
     def settings(self) -> Settings:
@@ -106,16 +106,20 @@ class Governor:
         algorithm: str | None = None,
         cost: int | Callable[..., int] = 1,
         max_wait: float | None = None,
+        concurrency: int | None = None,
         **options: Any,
     ) -> Callable[[Callable[..., Any]], Any]:
         """``@app.task`` with limits: ``@governor.task("5/s", key=lambda customer, **_: customer)``.
 
-        ``limit_name`` names a per-key limit (tasks that share it share the limit); other
-        options (``name``, ``bind``, ``max_retries``...) go to ``app.task``.
+        ``concurrency`` caps how many calls run at once (per key with ``key``; rules are then
+        optional: ``@governor.task(concurrency=1, key=...)``). ``limit_name`` names a per-key
+        limit (tasks that share it share the limit); other options (``name``, ``bind``,
+        ``max_retries``...) go to ``app.task``.
         """
         return self.app.task(  # type: ignore[no-any-return]
             base=options.pop("base", GovernedTask),
             governor_limit=rules,
+            governor_concurrency=concurrency,
             governor_key=key,
             governor_name=limit_name,
             governor_algorithm=algorithm,
@@ -134,8 +138,21 @@ class Governor:
         ):
             settings.require_redis()
 
+    @property
+    def uses_caps(self) -> bool:
+        """Whether any limit of the app has a concurrency cap (its workers then sweep caps)."""
+        settings = self.settings
+        configured = list(settings.queues.values()) + list(settings.tasks.values())
+        return any(c.concurrency is not None for c in configured) or any(
+            getattr(t, "governor_concurrency", None) is not None for t in self.app.tasks.values()
+        )
+
     def _has_task_limits(self) -> bool:
-        return any(getattr(t, "governor_limit", None) is not None for t in self.app.tasks.values())
+        return any(
+            getattr(t, "governor_limit", None) is not None
+            or getattr(t, "governor_concurrency", None) is not None
+            for t in self.app.tasks.values()
+        )
 
     # -- worker -----------------------------------------------------------------------------
 
@@ -153,6 +170,7 @@ class Governor:
         installed = [task.name for task in self.app.tasks.values() if self.install(task)]
         celery_signals.worker_process_shutdown.connect(self._release_leases, weak=False)
         celery_signals.worker_shutdown.connect(self._release_leases, weak=False)
+        celery_signals.task_postrun.connect(self._task_done, weak=False)
         logging.getLogger("celery.app.trace").addFilter(_HideDeferrals())
         if self.settings.metrics_port is not None:
             try:
@@ -175,12 +193,19 @@ class Governor:
         )
 
     def _release_leases(self, **_: Any) -> None:
-        """Give back the admissions this process leased and did not use."""
+        """Give back the admissions this process leased and did not use, and the concurrency
+        slots its tasks still hold."""
         if self._gate is not None:
             try:
                 self._gate.leases.release()
+                self._gate.holding.release_all()
             except Exception as exc:  # shutting down: what stays counted only makes it stricter
                 logger.warning("governor: could not give back leased admissions: %s", exc)
+
+    def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+        """A task's body ended (in the process that ran it): its concurrency slots go back."""
+        if self._gate is not None and getattr(sender, "app", None) is self.app:
+            self._gate.holding.release(sender, task_id)
 
     def _is_mine(self, sender: Any) -> bool:
         return getattr(sender, "app", None) is self.app
@@ -213,4 +238,5 @@ def _adopt_governed_tasks(sender: Any = None, **_: Any) -> None:
         Governor(app)._on_worker_init(sender=sender)
 
 
+registry.set_factory(Governor)
 celery_signals.worker_init.connect(_adopt_governed_tasks, weak=False)

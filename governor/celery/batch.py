@@ -23,8 +23,8 @@ from celery import Signature
 from celery.result import AsyncResult
 
 from ..errors import ConfigError
-from . import parking, signals
-from .app import Governor
+from . import parking, registry, signals
+from .limits import key_spec
 from .waits import HEADER, WaitState
 
 __all__ = ["submit_batch"]
@@ -68,36 +68,33 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
         raise ConfigError(f"submit_batch takes task signatures (task.s(...)), got {sig!r}")
     app = sig.app
     task = app.tasks[sig.task]
-    governor = Governor.of(app)
+    governor = registry.of(app)
     gate = governor.gate
+    calls, decider = gate.calls, gate.decider
     queue = _queue_of(app, sig)
     args, kwargs = tuple(sig.args), dict(sig.kwargs)
-    request_like = {"queue": queue}
-    specs = gate.fixed_specs(task, request_like)
-    if gate.options(task).key_config is not None:
-        from .limits import key_spec
-
-        key_config = gate.options(task).key_config
-        assert key_config is not None
+    specs = calls.fixed_specs(task, {"queue": queue})
+    key_config = calls.options(task).key_config
+    if key_config is not None:
         specs.append(key_spec(task, key_config, args, kwargs))
     if not specs:
         return sig.apply_async(), None
-    cost = gate.cost(task, args, kwargs)
-    limiters = [(gate.limiter(s.name, s.config), s) for s in specs]
-    if not all(lim.algorithm.books for lim, _ in limiters):
+    cost = calls.cost(task, args, kwargs)
+    limiters = decider.limiters(specs)
+    if not all(lim.books for lim, _ in limiters):
         raise ConfigError(
             f"submit_batch books slots, which {', '.join(s.label for s in specs)} cannot do "
             "(use sliding_log or gcra for the limits that govern it)"
         )
     now = time.time()
-    outcome = gate.reserve_all(limiters, cost, not_before=now + start_in)
+    outcome = decider.reserve_all(limiters, cost, not_before=now + start_in)
     if outcome.allowed and outcome.now is not None:
         # admitted at once (this clock is behind Redis by more than start_in): that admission
         # would be spent twice (here and on arrival); book by the Redis clock instead
-        gate.refund(outcome.held, cost)
-        outcome = gate.reserve_all(limiters, cost, not_before=outcome.now + start_in)
+        decider.refund(outcome.held, cost)
+        outcome = decider.reserve_all(limiters, cost, not_before=outcome.now + start_in)
     if outcome.allowed:  # start_in=0 and room now: the gate admits it on arrival
-        gate.refund(outcome.held, cost)
+        decider.refund(outcome.held, cost)
         return sig.apply_async(queue=queue), None
     decision = outcome.decision
     if decision is not None and decision.retry_after == math.inf:
@@ -136,7 +133,7 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
                 parking.envelope(app, placed, due, label),
             )
         except Exception:
-            gate.refund(outcome.held, cost)
+            decider.refund(outcome.held, cost)
             raise
         signals.task_parked.send(sender=task, request=None, due=due, limit=label)
         result = AsyncResult(task_id, app=app)
@@ -147,7 +144,7 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
                 **{k: v for k, v in options.items() if k != "countdown"},
             )
         except Exception:
-            gate.refund(outcome.held, cost)
+            decider.refund(outcome.held, cost)
             raise
     return result, due
 

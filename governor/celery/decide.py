@@ -3,6 +3,12 @@
 ``acquire_all`` admits when every limit does and gives back what was taken when one denies;
 ``reserve_all`` books one moment every limit admits; ``claim_all`` starts on the bookings a task
 carries. They work on limiters only (no Celery), and return an :class:`Outcome`.
+
+A limit with a concurrency cap decides its cap in the same call: an admission takes a slot for
+the :class:`Who` given (given back with the rest when another limit denies); a full cap denies
+like a block (``decision.capped``: the call then waits in the cap's line, see
+:mod:`governor.celery.waiting`). Slots freed on the way may be handed to waiting tasks: their
+messages go into the ``handed`` list the caller passes, for it to publish.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from ..decision import Decision, Slot
 from ..limiter import Limiter
 from .limits import LimitSpec
 
-__all__ = ["Held", "Outcome", "acquire_all", "claim_all", "refund", "reserve_all"]
+__all__ = ["Handed", "Held", "Outcome", "Who", "acquire_all", "claim_all", "refund", "reserve_all"]
 
 logger = logging.getLogger("governor.celery")
 STEP = 0.01
@@ -25,6 +31,22 @@ STEP = 0.01
 CLOSE = 0.05
 
 Held = list[tuple[Limiter, LimitSpec, Decision]]
+Handed = list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """Who would hold the concurrency slots a decision takes: a Celery task's holder id is
+    ``<task id>:<retries>``; the token is new for each attempt; info names node and process."""
+
+    holder: str
+    token: str
+    info: str
+
+
+def _ids(who: Who | None) -> tuple[str | None, str | None, str]:
+    """(holder, token, info) for a decision (limiters without a cap ignore them)."""
+    return (None, None, "") if who is None else (who.holder, who.token, who.info)
 
 
 @dataclass(slots=True)
@@ -41,25 +63,36 @@ class Outcome:
     held: Held = field(default_factory=list)
 
 
-def refund(held: Held, cost: int) -> None:
+def refund(held: Held, cost: int) -> Handed:
+    """Give back what ``held`` took (slots too); returns the waiters handed a freed slot."""
+    handed: Handed = []
     for lim, spec, d in held:
         if d.slot is not None:
-            lim.refund(spec.subject, d.slot, cost)
+            handed += lim.refund(spec.subject, d, cost)
+    return handed
 
 
-def acquire_all(limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome:
+def acquire_all(
+    limiters: list[tuple[Limiter, LimitSpec]],
+    cost: int,
+    who: Who | None = None,
+    handed: Handed | None = None,
+) -> Outcome:
     held: Held = []
+    handed = [] if handed is None else handed
     for i, (lim, spec) in enumerate(limiters):
-        d = lim.acquire(spec.subject, cost)
+        holder, token, info = _ids(who)
+        d = lim.acquire(spec.subject, cost, holder=holder, token=token, info=info)
+        handed += d.handed
         if d.allowed:
             held.append((lim, spec, d))
             continue
-        refund(held, cost)
+        handed += refund(held, cost)
         worst, worst_spec = d, spec
-        for other, other_spec in limiters[i + 1 :]:  # the rest may need longer
-            p = other.peek(other_spec.subject, cost)
+        for other, other_spec in limiters[i + 1 :] if d.capped is None else ():
+            p = other.peek(other_spec.subject, cost, holder=who.holder if who else None)
             if not p.allowed and p.retry_after > worst.retry_after:
-                worst, worst_spec = p, other_spec
+                worst, worst_spec = p, other_spec  # the rest may need longer
         return Outcome(False, delay=worst.retry_after, now=d.now, spec=worst_spec, decision=worst)
     return Outcome(True, held=held)
 
@@ -70,19 +103,32 @@ def claim_all(
     slots: Mapping[str, list[int]],
     tolerance: float,
     early_sleep: float,
+    who: Who | None = None,
+    handed: Handed | None = None,
 ) -> Outcome | None:
-    """Start on the bookings a task carries. None: they are gone (a fresh reserve follows)."""
+    """Start on the bookings a task carries. None: they are gone (a fresh reserve follows).
+    A full concurrency cap denies: every booking goes back (the capped limit's own in its
+    call), and the call waits for a slot."""
     keys = [lim.keys(spec.subject)[0] for lim, spec in limiters]
     if set(keys) != set(slots):
         logger.debug("governor: bookings for %s, but limits %s", sorted(slots), keys)
         return None  # the limits changed since the booking
     tol = tolerance
     slept = 0.0
+    handed = [] if handed is None else handed
     for _attempt in range(4):
         held: Held = []
         for (lim, spec), key in zip(limiters, keys):
             slot = Slot(*slots[key])
-            held.append((lim, spec, lim.claim(spec.subject, slot, cost, tolerance=tol)))
+            holder, token, info = _ids(who)
+            d = lim.claim(
+                spec.subject, slot, cost, tolerance=tol, holder=holder, token=token, info=info
+            )
+            handed += d.handed
+            held.append((lim, spec, d))
+            if d.capped is not None:
+                handed += refund(held[:-1], cost)
+                return Outcome(False, delay=d.retry_after, now=d.now, spec=spec, decision=d)
         if all(d.allowed for _, _, d in held):
             return Outcome(True, held=held)
         early = [
@@ -119,7 +165,9 @@ def claim_all(
     # since a duplicate delivery of this message may already have run on them.
     for (lim, spec, d), key in zip(held, keys):
         if d.slot is not None and d.slot != Slot(*slots[key]):
-            lim.refund(spec.subject, d.slot, cost)
+            handed += lim.refund(spec.subject, d, cost)  # a late claim's admission or booking
+        elif d.hold is not None:  # on time, with a slot: only the slot goes back
+            handed += lim.release(spec.subject, d.hold)[1]
     return None
 
 
@@ -144,9 +192,14 @@ def reserve_all(
     cost: int,
     tolerance: float,
     not_before: float | None = None,
+    who: Who | None = None,
+    handed: Handed | None = None,
 ) -> Outcome:
     """Admit now, or book one moment at which every limit admits the call (no earlier than
-    ``not_before``, Unix seconds, which forces a booking)."""
+    ``not_before``, Unix seconds, which forces a booking). Only an admission now takes
+    concurrency slots; a full cap denies at once."""
+    handed = [] if handed is None else handed
+    holder, token, info = _ids(who)
     tol = tolerance
     target: int | None = None if not_before is None else round(not_before * 1e6)
     mover: tuple[LimitSpec, Decision] | None = None
@@ -161,9 +214,13 @@ def reserve_all(
                 cost,
                 tolerance=tol,
                 not_before=None if target is None else target / 1e6,
+                holder=holder,
+                token=token,
+                info=info,
             )
-            if d.blocked is not None or d.retry_after == math.inf:
-                refund(held, cost)
+            handed += d.handed
+            if d.blocked is not None or d.retry_after == math.inf or d.capped is not None:
+                handed += refund(held, cost)
                 return Outcome(False, delay=d.retry_after, now=d.now, spec=spec, decision=d)
             held.append((lim, spec, d))
             if d.allowed:
@@ -193,7 +250,7 @@ def reserve_all(
                 decision=decision,
                 held=held,
             )
-        refund(held, cost)
+        handed += refund(held, cost)
         target = moved
     # Others kept booking ahead of us: wait for the last target without a booking (named after
     # the limit that kept moving it).

@@ -14,19 +14,22 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from celery.exceptions import Reject
 from celery.worker.state import task_ready
 
+from ..caps import new_token
 from ..errors import StorageUnavailable
+from .calls import Calls
+from .decide import Who
+from .decider import Decider, too_long
 from .limits import LimitSpec
+from .republish import Republisher
 from .settings import LimitConfig
-from .waits import HEADER, WaitState
-
-if TYPE_CHECKING:
-    from .gate import Gate
+from .waiting import Waiting
+from .waits import HEADER
 
 __all__ = ["EARLY_PAUSE", "HINT_TTL", "EarlyDeferral"]
 
@@ -41,8 +44,13 @@ this long (seconds), so an outage does not stall the consumer on socket timeouts
 class EarlyDeferral:
     """The main process's side of a gate: cached hints and the deferral itself."""
 
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
+    def __init__(
+        self, calls: Calls, decider: Decider, republisher: Republisher, waiting: Waiting
+    ) -> None:
+        self.calls = calls
+        self.decider = decider
+        self.republisher = republisher
+        self.waiting = waiting
         self.hints: dict[tuple[str, str, LimitConfig], tuple[float, float]] = {}
         """(limit name, subject, config) -> (when peeked, until when it denies), monotonic."""
         self.paused_until = 0.0
@@ -61,58 +69,64 @@ class EarlyDeferral:
             return False
 
     def _defer(self, req: Any) -> bool:
-        gate, task = self.gate, req.task
+        calls, task = self.calls, req.task
         carried = req._request_dict.get(HEADER)
         if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
             return False  # bookings are claimed, and copies dropped, in the pool
-        opts = gate.options(task)
+        holder = f"{req.id}:{req._request_dict.get('retries') or 0}"
+        opts = calls.options(task)
         if opts.key_config is None and not callable(opts.cost):
             # the usual case: decide from the cached hint before decoding anything
-            specs = gate.fixed_specs(task, req.delivery_info)
-            if not specs or not self.known_denied(specs, opts.cost):
+            specs = calls.fixed_specs(task, req.delivery_info)
+            if not specs or not self.known_denied(specs, opts.cost, holder):
                 return False
-        request = req._context
-        state = WaitState.from_request(request)
-        args, kwargs = tuple(req.args), dict(req.kwargs)
-        specs = gate.specs(task, request, args, kwargs)
-        if not specs:
-            return False
-        cost = gate.cost(task, args, kwargs)
-        if not self.known_denied(specs, cost):
+        call = calls.call(task, req._context, tuple(req.args), dict(req.kwargs))
+        if not call.specs or not self.known_denied(call.specs, call.cost, holder):
             return False
         if req.revoked():  # revoked or expired: Celery's own dispatch discards it
             return False
-        outcome = gate.decide(specs, cost, state)
+        capped = any(s.config.concurrency is not None for s in call.specs)
+        who = Who(holder, new_token(), f"{req.hostname} main") if capped else None
+        outcome = self.decider.decide(call.specs, call.cost, call.state, who=who)
         if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
-            gate.refund(outcome.held, cost)
-            for spec in specs:
+            self.decider.refund(outcome.held, call.cost)
+            for spec in call.specs:
                 self.hints[(spec.name, spec.subject, spec.config)] = (time.monotonic(), 0.0)
             return False
         decision = outcome.decision
-        if (decision is not None and decision.retry_after == math.inf) or gate.too_long(
-            task, state, outcome
+        if (decision is not None and decision.retry_after == math.inf) or too_long(
+            calls.max_wait(task), call.state, outcome
         ):
-            gate.refund(outcome.held, cost)
+            self.decider.refund(outcome.held, call.cost)
             return False
         label = outcome.spec.label if outcome.spec else "governor"
         try:
-            gate.republish(task, request, args, kwargs, state, outcome, label, cost)
+            if decision is not None and decision.capped is not None:
+                # in a full cap's line (anything else about caps is left to the pool)
+                if decision.capped != "full" or self.waiting.wait(call, outcome, label) is None:
+                    return False
+            else:
+                self.republisher.republish(call, outcome, label)
         except Reject:
             return False
         task_ready(req)
         req.acknowledge()
         return True
 
-    def known_denied(self, specs: list[LimitSpec], cost: int) -> bool:
+    def known_denied(self, specs: list[LimitSpec], cost: int, holder: str) -> bool:
         """Whether a limit of ``specs`` denies now, by a peek at most ``HINT_TTL`` old (a
-        denial is trusted until its retry_after)."""
+        denial is trusted until its retry_after; a full cap's, only for ``HINT_TTL``)."""
         now = time.monotonic()
         for spec in specs:
             key = (spec.name, spec.subject, spec.config)
             hint = self.hints.get(key)
             if hint is None or (hint[1] <= now and now - hint[0] > HINT_TTL):
-                d = self.gate.limiter(spec.name, spec.config).peek(spec.subject, cost)
-                hint = (now, now + d.retry_after if not d.allowed else 0.0)
+                lim = self.decider.store.limiter(spec.name, spec.config)
+                d = lim.peek(spec.subject, cost, holder=holder)
+                if d.allowed:
+                    hint = (now, 0.0)
+                else:
+                    hint = (now, now + (d.retry_after if d.capped is None else HINT_TTL))
                 if len(self.hints) > 10_000:
                     self.hints.clear()
                 self.hints[key] = hint

@@ -103,7 +103,7 @@ class Leases:
     def span_of(self, lim: Limiter) -> float:
         """The span of a lease from ``lim``; 0 when it takes no leases."""
         span = min(self.span, min(r.period_us for r in lim.rules) / 1e6 / SHARE)
-        return span if span >= SHORTEST and lim.algorithm.books else 0.0
+        return span if span >= SHORTEST and lim.algorithm.books and lim.cap is None else 0.0
 
     def take(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
         """Admit from leases this process holds for every limit, or None."""

@@ -6,9 +6,12 @@ kind        configured by               limiter name               subject
 queue       ``governor_queues``         ``queue``                  the queue consumed from
 task        ``governor_tasks`` or a     ``task``                   the task name
             task's ``governor_limit``
-key         ``governor_limit`` with     ``governor_name`` or the   ``governor_key(*args,
+            / ``governor_concurrency``
+key         the same attributes with    ``governor_name`` or the   ``governor_key(*args,
             ``governor_key``            task name                  **kwargs)``
 ==========  ==========================  =========================  ==========================
+
+Each of them may hold rules, a concurrency cap, or both (one Redis call decides both).
 
 So ``governor inspect queue emails`` and ``governor inspect proj.call_partner customer-42``
 name what a worker counts.
@@ -53,31 +56,41 @@ class LimitSpec:
         return self.name if self.kind == "key" else f"{self.name}:{self.subject}"
 
 
+def _own_config(task: Any, settings: Settings) -> LimitConfig | None:
+    """The limit a task's own attributes set: ``governor_limit`` and/or
+    ``governor_concurrency`` (with ``governor_algorithm``)."""
+    rules = getattr(task, "governor_limit", None)
+    concurrency = getattr(task, "governor_concurrency", None)
+    if rules is None and concurrency is None:
+        return None
+    value: dict[str, Any] = {
+        "algorithm": getattr(task, "governor_algorithm", None) or settings.algorithm
+    }
+    if rules is not None:
+        value["rules"] = rules
+    if concurrency is not None:
+        value["concurrency"] = concurrency
+    what = "governor_limit" if concurrency is None else "governor_limit/governor_concurrency"
+    return limit_config(
+        value, settings.algorithm, f"task {task.name!r} {what}", settings.concurrency_lease
+    )
+
+
 def task_limit_config(task: Any, settings: Settings) -> LimitConfig | None:
-    """The whole-task limit: ``governor_tasks[name]`` wins over a key-less ``governor_limit``."""
+    """The whole-task limit: ``governor_tasks[name]`` wins over a key-less ``governor_limit``
+    (and ``governor_concurrency``)."""
     if task.name in settings.tasks:
         return settings.tasks[task.name]
-    rules = getattr(task, "governor_limit", None)
-    if rules is not None and option(task, "governor_key") is None:
-        algorithm = getattr(task, "governor_algorithm", None) or settings.algorithm
-        return limit_config(
-            {"rules": rules, "algorithm": algorithm},
-            settings.algorithm,
-            f"task {task.name!r} governor_limit",
-        )
+    if option(task, "governor_key") is None:
+        return _own_config(task, settings)
     return None
 
 
 def key_config(task: Any, settings: Settings) -> LimitConfig | None:
-    rules = getattr(task, "governor_limit", None)
-    if rules is None or option(task, "governor_key") is None:
+    """The per-key limit: ``governor_limit`` and/or ``governor_concurrency`` with a key."""
+    if option(task, "governor_key") is None:
         return None
-    algorithm = getattr(task, "governor_algorithm", None) or settings.algorithm
-    return limit_config(
-        {"rules": rules, "algorithm": algorithm},
-        settings.algorithm,
-        f"task {task.name!r} governor_limit",
-    )
+    return _own_config(task, settings)
 
 
 def call_with_arguments(
@@ -118,8 +131,15 @@ def validate_task(task: Any, settings: Settings) -> None:
     key = option(task, "governor_key")
     if key is not None and not callable(key):
         raise ConfigError(f"task {task.name!r}: governor_key must be callable, got {key!r}")
-    if key is not None and getattr(task, "governor_limit", None) is None:
-        raise ConfigError(f"task {task.name!r}: governor_key needs governor_limit (the rules)")
+    if (
+        key is not None
+        and getattr(task, "governor_limit", None) is None
+        and getattr(task, "governor_concurrency", None) is None
+    ):
+        raise ConfigError(
+            f"task {task.name!r}: governor_key needs governor_limit (the rules) or "
+            "governor_concurrency (a cap), or both"
+        )
     name = getattr(task, "governor_name", None)
     if name is not None:
         check_name(f"task {task.name!r} governor_name", name)

@@ -12,43 +12,7 @@ worker starts::
     def serve_metrics(sender, **_):
         metrics.install(sender.app, 9808, worker=sender)
 
-Metrics
--------
-
-==========================================  =========  ======================  =================
-metric                                      type       labels                  counts
-==========================================  =========  ======================  =================
-``governor_admitted_total``                 counter    ``limit``               calls a limit
-                                                                               admitted
-``governor_deferred_total``                 counter    ``limit``, ``rule``,    calls denied and
-                                                       ``booked``              re-published
-``governor_delay_seconds``                  histogram  ``limit``               the delays they
-                                                                               were given
-``governor_lateness_seconds``               histogram  (none)                  how late booked
-                                                                               calls started
-``governor_parked_total``                   counter    ``queue``               deferred calls
-                                                                               parked in Redis
-``governor_released_total``                 counter    ``queue``               parked calls
-                                                                               re-published
-``governor_storage_unavailable_total``      counter    ``fail_mode``           decisions Redis
-                                                                               could not take
-``governor_parked_tasks``                   gauge      (none)                  calls parked now
-==========================================  =========  ======================  =================
-
-- ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
-  ``task:proj.sync``, or the limiter name of a per-key limit (``proj.call_partner``). A call
-  governed by several limits counts once under each of them in ``governor_admitted_total``, so
-  sum over one limit, not over all. A call denied while Redis was unreachable (fail mode
-  "closed") is deferred under ``limit="redis"``.
-- ``rule`` is the rule that made the call wait, in canonical text (``10/s``, ``5/30s``),
-  ``blocked`` for a manual block, ``none`` when there was no single rule (an outage retry, or
-  a wait for a moment other calls kept booking).
-- ``booked`` is ``"true"`` when the call holds a reserved slot for the moment it comes back.
-- ``governor_delay_seconds`` buckets run from 1 ms to a day.
-- ``governor_lateness_seconds``: for a call admitted on the slot it had booked, how long after
-  the slot opened it started (compare with ``governor_late_tolerance``); 1 ms to 5 s.
-- ``governor_parked_tasks`` is whatever :func:`set_parked` last set, or what the callable given
-  to :func:`install` (``parked=``) or :func:`watch_parked` returns at each scrape.
+The metrics and their labels: :mod:`governor.celery.metric_set`.
 
 A deferral is not a failure: the gate raises :class:`~governor.celery.Deferred`, an ``Ignore``,
 so Celery's own failure counts (``task_failure``, events, Flower) do not see it, and these
@@ -108,9 +72,6 @@ try:
     from prometheus_client import (
         REGISTRY,
         CollectorRegistry,
-        Counter,
-        Gauge,
-        Histogram,
         start_http_server,
     )
     from prometheus_client import values as prometheus_values
@@ -125,11 +86,11 @@ except ImportError as exc:  # pragma: no cover
 from celery import signals as celery_signals
 from celery.concurrency import ALIASES
 
-from . import signals
-from .limits import consumed_queue
+from .metric_set import DELAY_BUCKETS, HANDOVER_BUCKETS, LATENESS_BUCKETS, UPDATES, Metrics
 
 __all__ = [
     "DELAY_BUCKETS",
+    "HANDOVER_BUCKETS",
     "LATENESS_BUCKETS",
     "install",
     "installed",
@@ -141,95 +102,10 @@ __all__ = [
 
 logger = logging.getLogger("governor.celery.metrics")
 
-DELAY_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-    1800.0,
-    3600.0,
-    7200.0,
-    21600.0,
-    43200.0,
-    86400.0,
-)
-"""``governor_delay_seconds`` buckets: 1 ms to a day (and +Inf)."""
-
-LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-"""``governor_lateness_seconds`` buckets: 1 ms to 5 s (and +Inf)."""
-
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _SINGLE_PROCESS_POOLS = {
     ALIASES[k] for k in ("solo", "threads", "eventlet", "gevent") if k in ALIASES
 }
-
-
-class _Metrics:
-    """The metric objects, made once the value class (in-memory or multiprocess) is chosen."""
-
-    def __init__(self) -> None:
-        self.admitted = Counter(
-            "governor_admitted",
-            "Governed calls admitted, once per limit that admitted them.",
-            ["limit"],
-        )
-        self.deferred = Counter(
-            "governor_deferred",
-            "Governed calls denied and re-published to run later (not task failures).",
-            ["limit", "rule", "booked"],
-        )
-        self.delay = Histogram(
-            "governor_delay_seconds",
-            "Delays given to deferred calls, in seconds.",
-            ["limit"],
-            buckets=DELAY_BUCKETS,
-        )
-        self.lateness = Histogram(
-            "governor_lateness_seconds",
-            "How long after its booked slot opened an admitted call started, in seconds.",
-            buckets=LATENESS_BUCKETS,
-        )
-        self.parked = Counter(
-            "governor_parked", "Deferred calls parked in Redis instead of the broker.", ["queue"]
-        )
-        self.released = Counter(
-            "governor_released", "Parked calls re-published by the releaser.", ["queue"]
-        )
-        self.unavailable = Counter(
-            "governor_storage_unavailable",
-            "Decisions that could not be taken because Redis was unreachable.",
-            ["fail_mode"],
-        )
-        self.parked_now = Gauge(
-            "governor_parked_tasks",
-            "Calls parked in Redis right now.",
-            multiprocess_mode="mostrecent",
-        )
-
-    def all(self) -> list[Any]:
-        return [
-            self.admitted,
-            self.deferred,
-            self.delay,
-            self.lateness,
-            self.parked,
-            self.released,
-            self.unavailable,
-            self.parked_now,
-        ]
 
 
 @dataclass
@@ -249,7 +125,7 @@ class _State:
     pid: int = field(default_factory=os.getpid)
 
 
-_metrics: _Metrics | None = None
+_metrics: Metrics | None = None
 _state: _State | None = None
 _parked_source: Callable[[], float] | None = None
 _install_lock = threading.Lock()
@@ -348,7 +224,7 @@ def install(
             REGISTRY.register(refresher)
             state.served = REGISTRY
         try:
-            _metrics = _Metrics()
+            _metrics = Metrics()
         except Exception:
             _undo(state)
             raise
@@ -508,7 +384,7 @@ def _register_fork_hooks() -> None:
 
 
 def _receiver(
-    update: Callable[[_Metrics, Any, dict[str, Any]], None],
+    update: Callable[[Metrics, Any, dict[str, Any]], None],
 ) -> Callable[..., None]:
     """A signal receiver that updates the metrics and never raises (metrics must not break a
     task: errors are logged at debug)."""
@@ -527,61 +403,7 @@ def _receiver(
     return receive
 
 
-def _rule_label(rule: Any, blocked: Any) -> str:
-    if blocked is not None:
-        return "blocked"
-    if rule is None:
-        return "none"
-    return str(getattr(rule, "text", rule))
-
-
-def _queue_label(sender: Any, kwargs: dict[str, Any]) -> str:
-    queue = kwargs.get("queue")
-    if queue is None:
-        info = getattr(kwargs.get("request"), "delivery_info", None) or {}
-        app = getattr(sender, "app", None)
-        queue = consumed_queue(app, info) if app is not None else info.get("routing_key")
-    return str(queue) if queue else "unknown"
-
-
-def _admitted(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    for label in kw.get("limits") or ():
-        m.admitted.labels(str(label)).inc()
-    lateness = kw.get("lateness")
-    if lateness is not None:
-        m.lateness.observe(max(0.0, float(lateness)))
-
-
-def _deferred(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    limit = str(kw.get("limit") or "unknown")
-    rule = _rule_label(kw.get("rule"), kw.get("blocked"))
-    m.deferred.labels(limit, rule, "true" if kw.get("booked") else "false").inc()
-    delay = kw.get("delay")
-    if delay is not None:
-        m.delay.labels(limit).observe(max(0.0, float(delay)))
-
-
-def _parked(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    m.parked.labels(_queue_label(sender, kw)).inc()
-
-
-def _released(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    count = int(kw.get("count") or 0)
-    if count > 0:
-        m.released.labels(_queue_label(sender, kw)).inc(count)
-
-
-def _unavailable(m: _Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    m.unavailable.labels(str(kw.get("fail_mode") or "unknown")).inc()
-
-
-_RECEIVERS = [
-    (signals.task_admitted, _receiver(_admitted)),
-    (signals.task_deferred, _receiver(_deferred)),
-    (signals.task_parked, _receiver(_parked)),
-    (signals.task_released, _receiver(_released)),
-    (signals.storage_unavailable, _receiver(_unavailable)),
-]
+_RECEIVERS = [(signal, _receiver(update)) for signal, update in UPDATES]
 
 
 def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:

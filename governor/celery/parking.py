@@ -28,29 +28,30 @@ import base64
 import json
 import logging
 import secrets
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import redis
-from celery import bootsteps
 from kombu.serialization import dumps, loads, prepare_accept_content
 from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import StorageUnavailable
 from ..scripts import LuaScript, plain_script
-from . import signals
 from .waits import HEADER
 
 __all__ = [
     "HEADER",
-    "Releaser",
-    "ReleaserStep",
     "claim_first_delivery",
+    "envelope",
+    "eval_script",
+    "forget_released",
+    "keys",
+    "open_envelope",
     "park",
     "parked_count",
     "parked_entries",
+    "stamp_release",
+    "take_due",
 ]
 
 logger = logging.getLogger("governor.celery")
@@ -62,7 +63,7 @@ def keys(prefix: str) -> tuple[str, str, str]:
     return head + "due", head + "msgs", head + "lease"
 
 
-def _eval(client: redis.Redis, script: LuaScript, keys_: list[str], args: list[Any]) -> Any:
+def eval_script(client: redis.Redis, script: LuaScript, keys_: list[str], args: list[Any]) -> Any:
     try:
         try:
             return client.evalsha(script.sha, len(keys_), *keys_, *args)
@@ -115,7 +116,7 @@ def park(client: redis.Redis, prefix: str, parking_id: str, due: float, text: st
     """Park one message (due: Unix seconds, Redis clock). Returns how many are parked."""
     due_key, msgs_key, _ = keys(prefix)
     return int(
-        _eval(
+        eval_script(
             client, plain_script("park"), [due_key, msgs_key], [parking_id, round(due * 1000), text]
         )
     )
@@ -171,116 +172,30 @@ def parked_entries(client: redis.Redis, prefix: str) -> Iterator[dict[str, Any]]
             continue
 
 
-class Releaser:
-    """Re-publishes parked tasks that are nearly due. One per worker (main process)."""
-
-    def __init__(
-        self,
-        app: Any,
-        client_factory: Any,
-        prefix: str,
-        horizon: float,
-        interval: float = 1.0,
-        lease: float = 30.0,
-        batch: int = 200,
-        lead: float = 0.0,
-    ) -> None:
-        self.app = app
-        self.client_factory = client_factory
-        self.prefix = prefix
-        self.horizon = horizon
-        self.interval = interval
-        self.lease = lease
-        self.batch = batch
-        self.lead = lead
-        """Publish this long before the due time: a booked task arrives early (Settings.lead)."""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def release_once(self) -> int:
-        """Take and publish what is due within the horizon; returns how many were published."""
-        client = self.client_factory()
-        due_key, msgs_key, lease_key = keys(self.prefix)
-        reply = _eval(
-            client,
-            plain_script("release"),
-            [due_key, msgs_key, lease_key],
-            [round(self.horizon * 1000), round(self.lease * 1000), self.batch],
-        )
-        now, taken_at = int(reply[0]) / 1000, time.monotonic()
-        published = 0
-        for i in range(1, len(reply), 2):
-            parking_id = reply[i].decode() if isinstance(reply[i], bytes) else reply[i]
-            try:
-                sig, due, _env = open_envelope(self.app, reply[i + 1])
-            except Exception as exc:  # unreadable: keep it leased and visible in the logs
-                logger.error("governor: cannot read parked task %s: %r", parking_id, exc)
-                continue
-            stamp_release(sig)
-            # the Redis clock now: publishing a large batch takes a while
-            elapsed = time.monotonic() - taken_at
-            sig.apply_async(countdown=max(0.0, due - now - elapsed - self.lead))
-            pipe = client.pipeline(transaction=True)
-            pipe.zrem(lease_key, parking_id)
-            pipe.hdel(msgs_key, parking_id)
-            pipe.execute()
-            published += 1
-        if published:
-            signals.task_released.send(sender=self, count=published, queue=None)
-            logger.debug("governor: released %d parked tasks", published)
-        return published
-
-    def run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                while self.release_once() >= self.batch and not self._stop.is_set():
-                    pass
-            except Exception as exc:  # Redis or broker trouble: try again next round
-                logger.warning("governor: releasing parked tasks failed: %r", exc)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="governor-releaser", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+def take_due(
+    client: redis.Redis, prefix: str, horizon: float, lease: float, batch: int
+) -> tuple[float, list[tuple[str, bytes | str]]]:
+    """Take what is due within ``horizon`` seconds (and what a dead releaser left), leased
+    for ``lease`` seconds: (Redis time, [(parking id, envelope)]). Publish each one, then
+    :func:`forget_released` it; what is not forgotten is taken again when its lease ends."""
+    due_key, msgs_key, lease_key = keys(prefix)
+    reply = eval_script(
+        client,
+        plain_script("release"),
+        [due_key, msgs_key, lease_key],
+        [round(horizon * 1000), round(lease * 1000), batch],
+    )
+    taken = [
+        (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
+        for i in range(1, len(reply), 2)
+    ]
+    return int(reply[0]) / 1000, taken
 
 
-class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Worker bootstep: run a :class:`Releaser` in the worker's main process."""
-
-    label = "governor releaser"
-
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
-        self.releaser: Releaser | None = None
-
-    def start(self, worker: Any) -> None:
-        from .app import Governor
-
-        governor = Governor.find(worker.app)
-        horizon = governor.settings.park_after if governor is not None else None
-        if governor is None or horizon is None:
-            return
-        settings = governor.settings
-        self.releaser = Releaser(
-            worker.app,
-            lambda: governor.gate.client,
-            settings.prefix,
-            horizon,
-            interval=settings.release_interval,
-            lease=settings.release_lease,
-            lead=settings.lead,
-        )
-        self.releaser.start()
-
-    def stop(self, worker: Any) -> None:
-        if self.releaser is not None:
-            self.releaser.stop()
-            self.releaser = None
-
-    def terminate(self, worker: Any) -> None:
-        # StartStopStep.terminate only stops ``self.obj``; a cold shutdown must stop it too.
-        self.stop(worker)
+def forget_released(client: redis.Redis, prefix: str, parking_id: str) -> None:
+    """A taken entry was published: remove it."""
+    _, msgs_key, lease_key = keys(prefix)
+    pipe = client.pipeline(transaction=True)
+    pipe.zrem(lease_key, parking_id)
+    pipe.hdel(msgs_key, parking_id)
+    pipe.execute()

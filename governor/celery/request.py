@@ -10,13 +10,22 @@ running a governed task twice if the whole worker dies during its body (as with 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.exceptions import TaskRevokedError
 from celery.utils.imports import symbol_by_name
 from celery.worker.request import Request
 
+from . import registry
+
 __all__ = ["GovernedRequestMixin", "governed_request_class"]
+
+logger = logging.getLogger("governor.celery")
+PROCESS_DIED = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
+"""How a request learns that its pool process died (killed, out of memory, terminated by a
+revoke, or by a hard time limit; billiard >= 4.3 may report the exit itself first)."""
 
 
 class GovernedRequestMixin:
@@ -25,11 +34,10 @@ class GovernedRequestMixin:
     _governor_hold = False
     task: Any
     delivery_info: Any
+    worker_pid: int | None
 
     def _governed_message(self) -> bool:
-        from .app import Governor
-
-        governor = Governor.find(self.task.app)
+        governor = registry.find(self.task.app)
         return governor is not None and governor.gate.governs(self.task, self.delivery_info)
 
     def acknowledge(self) -> None:
@@ -51,9 +59,23 @@ class GovernedRequestMixin:
     ) -> None:
         parent: Any = super()
         try:
+            exc = getattr(exc_info, "exception", None)
+            exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
+            if isinstance(exc, PROCESS_DIED):
+                self._governor_process_died()
             parent.on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         finally:
             self._governor_release()
+
+    def _governor_process_died(self) -> None:
+        """The pool process running this task died: release its concurrency slots now, not
+        after their lease (it cannot; see governor.celery.holding)."""
+        governor = registry.find(self.task.app)
+        if governor is not None and self.worker_pid is not None:
+            try:
+                governor.gate.holding.release_for(self.task, self)
+            except Exception:  # never break the worker's bookkeeping: the lease lapses
+                logger.exception("governor: releasing the slots of a dead process failed")
 
     def on_retry(self, exc_info: Any) -> None:
         try:
@@ -64,6 +86,7 @@ class GovernedRequestMixin:
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)  # type: ignore[misc]
         if not soft:
+            self._governor_process_died()  # a hard time limit kills the pool process
             self._governor_release()
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
@@ -73,9 +96,7 @@ class GovernedRequestMixin:
             self._governor_release()
 
     def _governor_defer_early(self) -> bool:
-        from .app import Governor
-
-        governor = Governor.find(self.task.app)
+        governor = registry.find(self.task.app)
         return governor is not None and governor.gate.defer_early(self)
 
     def execute_using_pool(self, pool: Any, **kwargs: Any) -> Any:

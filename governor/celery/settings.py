@@ -8,6 +8,8 @@ setting                        meaning (default)
 ``governor_algorithm``         default algorithm ("sliding_log")
 ``governor_queues``            {queue: rules} quotas for every task consumed from the queue
 ``governor_tasks``             {task name: rules} limits for every call of a task
+``governor_concurrency_lease`` seconds a concurrency slot outlives its holder's last renewal
+                               (30.0; renewed every third of it while the body runs)
 ``governor_fail_mode``         "closed": no Redis, no run (re-published after a backoff);
                                "open": run ungoverned with a warning ("closed")
 ``governor_outage_retry``      first backoff in seconds when Redis is unreachable (5.0)
@@ -29,7 +31,8 @@ setting                        meaning (default)
 =============================  ==========================================================
 
 Rules may be a string (``"10/s, 800/d"``), a list, or a mapping
-``{"rules": "10/s", "algorithm": "gcra"}``.
+``{"rules": "10/s", "algorithm": "gcra", "concurrency": 5}``: ``concurrency`` caps how many run
+at once (with or without rules: ``{"concurrency": 1}``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..algorithms import get_algorithm
+from ..caps import Cap
 from ..errors import ConfigError, GovernorError
 from ..rules import Rule, parse_rules
 
@@ -50,12 +54,20 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 @dataclass(frozen=True, slots=True)
 class LimitConfig:
+    """One configured limit: its rules (maybe none) and its concurrency cap (maybe none)."""
+
     rules: tuple[Rule, ...]
     algorithm: str
+    concurrency: int | None = None
+    lease: float = 30.0
+    """Seconds a concurrency slot outlives its holder's last renewal."""
 
     @property
     def text(self) -> str:
-        return ", ".join(r.text for r in self.rules)
+        parts = [r.text for r in self.rules]
+        if self.concurrency is not None:
+            parts.append(f"{self.concurrency} at once")
+        return ", ".join(parts)
 
 
 LEAD = 0.2
@@ -81,6 +93,7 @@ class Settings:
     early_sleep: float = 0.5
     socket_timeout: float = 2.0
     lease_span: float = 0.2
+    concurrency_lease: float = 30.0
     park_after: float | None = 300.0
     release_interval: float = 1.0
     release_lease: float = 30.0
@@ -102,23 +115,31 @@ class Settings:
         return self.redis_url
 
 
-def limit_config(value: Any, default_algorithm: str, where: str) -> LimitConfig:
+def limit_config(
+    value: Any, default_algorithm: str, where: str, lease: float = 30.0
+) -> LimitConfig:
     """Parse one configured limit; errors name ``where`` (e.g. "governor_queues['emails']")."""
     algorithm = default_algorithm
     rules = value
+    concurrency = None
     if isinstance(value, Mapping):
-        unknown = set(value) - {"rules", "algorithm"}
-        if unknown or "rules" not in value:
+        unknown = set(value) - {"rules", "algorithm", "concurrency"}
+        if unknown or not ("rules" in value or "concurrency" in value):
             raise ConfigError(
-                f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log'}}, got {value!r}"
+                f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log', "
+                f"'concurrency': 5}} (rules, a concurrency cap, or both), got {value!r}"
             )
-        rules, algorithm = value["rules"], value.get("algorithm", default_algorithm)
+        rules = value.get("rules")
+        algorithm = value.get("algorithm", default_algorithm)
+        concurrency = value.get("concurrency")
     try:
-        parsed = parse_rules(rules)
+        parsed = () if rules is None else parse_rules(rules)
         get_algorithm(algorithm).check(parsed)
+        if concurrency is not None:
+            Cap.make(concurrency, lease)
     except GovernorError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    return LimitConfig(parsed, get_algorithm(algorithm).name)
+    return LimitConfig(parsed, get_algorithm(algorithm).name, concurrency, lease)
 
 
 def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float = 0.0) -> Any:
@@ -149,12 +170,16 @@ def load_settings(conf: Any) -> Settings:
     except ConfigError as exc:
         raise ConfigError(f"governor_algorithm: {exc}") from None
 
+    concurrency_lease = seconds(
+        get("governor_concurrency_lease", 30.0), "governor_concurrency_lease", minimum=0.05
+    )
+
     def table(setting: str) -> dict[str, LimitConfig]:
         raw = get(setting) or {}
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{setting} must be a mapping of names to rules, got {raw!r}")
         return {
-            str(name): limit_config(value, algorithm, f"{setting}[{name!r}]")
+            str(name): limit_config(value, algorithm, f"{setting}[{name!r}]", concurrency_lease)
             for name, value in raw.items()
         }
 
@@ -219,4 +244,5 @@ def load_settings(conf: Any) -> Settings:
             get("governor_socket_timeout", 2.0), "governor_socket_timeout", minimum=0.01
         ),
         lease_span=seconds(get("governor_lease_span", 0.2), "governor_lease_span"),
+        concurrency_lease=concurrency_lease,
     )

@@ -13,6 +13,9 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "slot_acquired",
+    "slot_lost",
+    "slot_released",
     "storage_unavailable",
     "task_admitted",
     "task_deferred",
@@ -29,11 +32,29 @@ the slot opened it started (seconds), else None."""
 
 task_deferred = Signal(
     name="governor.task_deferred",
-    providing_args={"request", "limit", "rule", "delay", "booked", "blocked"},
+    providing_args={"request", "limit", "rule", "delay", "booked", "blocked", "capped"},
 )
 """A governed task was re-published to run ``delay`` seconds later. ``limit``: the label of the
 limit that made it wait (``queue:emails``, ``task:proj.sync``, ``proj.call_partner``); ``rule``:
-the rule (or None for a booking queue or block); ``booked``: whether a slot was reserved."""
+the rule (or None for a booking queue or block); ``booked``: whether a slot was reserved.
+``capped``: ``"full"`` when it waits in a concurrency cap's line (``delay`` is then None: it
+runs when a slot is handed to it), ``"copy"`` when a running copy of it holds the slot, else
+None."""
+
+slot_acquired = Signal(
+    name="governor.slot_acquired", providing_args={"request", "limits", "handover"}
+)
+"""A governed task took concurrency slots (``limits``: their labels) and starts its body.
+``handover``: for a task that waited in line, seconds from the hand-over of its slot to its
+start, else None."""
+
+slot_released = Signal(name="governor.slot_released", providing_args={"request", "limits", "held"})
+"""A governed task gave its concurrency slots back at the end of its body (``held``: seconds)."""
+
+slot_lost = Signal(name="governor.slot_lost", providing_args={"limit", "holder"})
+"""A running task's concurrency slot may have gone to another task: its lease ran out without
+a renewal (Redis away longer than the lease) or Redis no longer holds it. Sent in the process
+running the body; the body is not interrupted (see the README)."""
 
 task_parked = Signal(name="governor.task_parked", providing_args={"request", "due"})
 """A deferred task was parked in Redis instead of the broker, due at ``due`` (Unix seconds)."""

@@ -12,7 +12,10 @@ Task attributes (all optional):
 ``governor_name``       limiter name for per-key limits (default: the task name); tasks that
                         share a name share the per-key limit
 ``governor_algorithm``  algorithm for these rules (default: ``governor_algorithm``)
-``governor_cost``       units a call costs: int, or a callable like ``governor_key`` (1)
+``governor_concurrency`` at most this many calls run at once (per key with ``governor_key``):
+                        a slot is held from the start of the body to its end
+``governor_cost``       units a call costs: int, or a callable like ``governor_key`` (1); caps
+                        count calls, not cost
 ``governor_max_wait``   give up with GovernorTimeout after waiting this long in total (seconds)
 """
 
@@ -22,6 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Task
+
+from . import registry
 
 __all__ = ["GovernedMixin", "GovernedTask"]
 
@@ -34,9 +39,7 @@ class GovernedMixin:
     app: Any
 
     def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        from .app import Governor
-
-        deferred = Governor.of(self.app).gate.admit(self, tuple(args), kwargs)
+        deferred = registry.of(self.app).gate.admit(self, tuple(args), kwargs)
         if deferred is not None:
             raise deferred  # here, so the traceback Celery records for it stays short
         super().before_start(task_id, args, kwargs)  # type: ignore[misc]
@@ -49,5 +52,6 @@ class GovernedTask(GovernedMixin, Task):  # type: ignore[misc]
     governor_key: Callable[..., Any] | None = None
     governor_name: str | None = None
     governor_algorithm: str | None = None
+    governor_concurrency: int | None = None
     governor_cost: int | Callable[..., int] = 1
     governor_max_wait: float | None = None

@@ -48,6 +48,8 @@ class WaitState:
     """The parking id a released message carries until a consumer claims it."""
     release: str | None = None
     """The token of the release that published this copy (see ``parking.stamp_release``)."""
+    woken: float | None = None
+    """When a concurrency slot was handed to this waiting copy (Unix seconds), until it starts."""
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
@@ -62,6 +64,7 @@ class WaitState:
             outages=int(raw.get("outages") or 0),
             parked=raw.get("parked"),
             release=raw.get("release"),
+            woken=raw.get("woken"),
         )
 
     def header(self) -> dict[str, Any]:
@@ -72,4 +75,5 @@ class WaitState:
             "outages": self.outages,
             "parked": self.parked,
             "release": self.release,
+            "woken": self.woken,
         }

@@ -105,6 +105,16 @@ def inspect_command(
             )
         else:
             out.print(f"bookings: {u.booked} held")
+        if s.cap is not None:
+            cap = s.cap
+            out.print(f"running:  {cap.held} of {cap.limit} at once; {cap.waiting} waiting")
+            for h in cap.holders:
+                state_ = "handed over, not started" if h.pending else "running"
+                out.print(
+                    f"  {h.holder}  {state_} since {format_time(h.since)}  "
+                    f"lease ends in {format_duration(max(0.0, h.expires - cap.now))}  "
+                    f"{h.info}"
+                )
         verdict = "[green]yes[/]" if s.admits else "[red]no[/]"
         out.print(f"admits one more now: {verdict}")
     if not s.admits:

@@ -22,7 +22,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..algorithms import ALGORITHMS
-from ..decision import Usage
+from ..decision import CapUsage, Usage
 from ..keys import escape, parse_key
 from ..limiter import Limiter
 from ..rules import Rule
@@ -59,10 +59,15 @@ class Config:
 
     rules: tuple[Rule, ...]
     algorithm: str
+    concurrency: int | None = None
+    lease: float = 30.0
 
     @property
     def text(self) -> str:
-        return ", ".join(r.text for r in self.rules)
+        parts = [r.text for r in self.rules]
+        if self.concurrency is not None:
+            parts.append(f"{self.concurrency} at once")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,16 @@ class LimitEntry:
     def limiter(self, state: State, algorithm: str | None = None) -> Limiter:
         rules = self.config.rules if self.config else _ANY_RULE
         algo = algorithm or (self.config.algorithm if self.config else "sliding_log")
-        return Limiter(state.client, rules, algorithm=algo, name=self.name, prefix=state.prefix)
+        cap = self.config.concurrency if self.config else None
+        return Limiter(
+            state.client,
+            rules or None,
+            algorithm=algo,
+            name=self.name,
+            prefix=state.prefix,
+            concurrency=cap,
+            lease=self.config.lease if self.config else 30.0,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -96,6 +110,7 @@ class LimitEntry:
             "label": self.label,
             "rules": [r.text for r in self.config.rules] if self.config else None,
             "algorithm": self.config.algorithm if self.config else None,
+            "concurrency": self.config.concurrency if self.config else None,
             "tasks": list(self.tasks),
         }
 
@@ -109,15 +124,24 @@ class SubjectState:
     usage: Usage
     booked: int | None
     """Bookings held; None when the rules (needed to count them) are unknown."""
+    cap: CapUsage | None = None
+    """Holders and waiters of its concurrency cap, if it has one."""
 
     @property
     def admits(self) -> bool:
-        """Whether one more unit would be admitted now (not blocked, every rule has room)."""
-        return self.usage.blocked is None and all(r.retry_after <= 0 for r in self.usage.rules)
+        """Whether one more unit would be admitted now (not blocked, every rule has room, a
+        free concurrency slot that nobody waits for)."""
+        free = self.cap is None or (self.cap.held < self.cap.limit and not self.cap.waiting)
+        return (
+            free
+            and self.usage.blocked is None
+            and all(r.retry_after <= 0 for r in self.usage.rules)
+        )
 
     @property
     def fullness(self) -> float:
-        return max((r.used / r.limit for r in self.usage.rules), default=0.0)
+        capped = self.cap.held / self.cap.limit if self.cap is not None else 0.0
+        return max([r.used / r.limit for r in self.usage.rules] + [capped])
 
 
 @dataclass(frozen=True)
@@ -203,7 +227,9 @@ def configured_limits(app: Any, settings: Settings) -> list[LimitEntry]:
     from ..celery.limits import key_config, task_limit_config
 
     def conv(config: Any) -> Config:
-        return Config(tuple(config.rules), str(config.algorithm))
+        return Config(
+            tuple(config.rules), str(config.algorithm), config.concurrency, float(config.lease)
+        )
 
     out = [LimitEntry("queue", "queue", conv(c), q) for q, c in settings.queues.items()]
     tasks = _tasks(app)
@@ -305,8 +331,10 @@ def resolve(
 
 def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState:
     if entry.config is not None:
-        usage = entry.limiter(state).usage(subject)
-        return SubjectState(subject, entry.config.algorithm, usage, usage.booked)
+        lim = entry.limiter(state)
+        usage = lim.usage(subject)
+        cap = lim.holders(subject) if lim.cap is not None else None
+        return SubjectState(subject, entry.config.algorithm, usage, usage.booked, cap)
     algorithm = entry.algorithms[0] if entry.algorithms else None
     # the sliding log's view: blocks are shared by every algorithm; its bookings need no rules
     usage = entry.limiter(state, "sliding_log").usage(subject)

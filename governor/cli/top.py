@@ -87,15 +87,19 @@ def frame(state: State, limits: list[LimitState], rates: Rates, interval: float)
             rate = rates.of(entry.label, s)
             label = Text(entry.label, "bold") if fixed else Text(f"  {s.subject}")
             rate_text = "-" if rate is None else f"{rate:.2f}"
-            rules = s.usage.rules
-            if not rules:
+            rows = [
+                (r.rule.text, bar(r.used, r.limit, 10), f"{r.used}/{r.limit}")
+                for r in s.usage.rules
+            ]
+            if s.cap is not None:
+                cap = s.cap
+                rows.append(("at once", bar(cap.held, cap.limit, 10), f"{cap.held}/{cap.limit}"))
+            if not rows:
                 table.add_row(label, "", "", "", "", state_text(s))
-            for i, r in enumerate(rules):
+            for i, row in enumerate(rows):
                 table.add_row(
                     label if i == 0 else "",
-                    r.rule.text,
-                    bar(r.used, r.limit, 10),
-                    f"{r.used}/{r.limit}",
+                    *row,
                     rate_text if i == 0 else "",
                     state_text(s) if i == 0 else "",
                 )

@@ -11,12 +11,13 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..decision import Usage
+from ..decision import CapUsage, Usage
 from .common import format_duration, json_number
 from .limits import LimitEntry, LimitState, SubjectState
 
 __all__ = [
     "bar",
+    "cap_json",
     "console",
     "limit_json",
     "limit_table",
@@ -70,8 +71,14 @@ def state_text(s: SubjectState) -> Text:
             parts.append(("ok", "green"))
         else:
             parts.append((f"full: next in {format_duration(wait)}", "red"))
-    else:
+    elif s.cap is None:
         parts.append(("not blocked", "dim"))
+    if s.cap is not None:
+        cap = s.cap
+        style = "red" if cap.held >= cap.limit else "green"
+        parts.append((f"{cap.held}/{cap.limit} running", style))
+        if cap.waiting:
+            parts.append((f"{cap.waiting} waiting for a slot", "yellow"))
     if u.booked_for > 0:
         parts.append((f"booked up to {format_duration(u.booked_for)} ahead", "cyan"))
     elif s.booked:
@@ -97,15 +104,20 @@ def limit_table(ls: LimitState) -> Table:
     for name in ("rule", "usage", "used", "resets in", "state"):
         table.add_column(name, justify="right" if name in ("used", "resets in") else "left")
     for s in ls.subjects:
-        for i, r in enumerate(s.usage.rules):
-            table.add_row(
-                s.subject if i == 0 else "",
+        rows = [
+            (
                 r.rule.text,
                 bar(r.used, r.limit),
                 f"{r.used}/{r.limit}",
                 format_duration(r.reset_after),
-                state_text(s) if i == 0 else "",
             )
+            for r in s.usage.rules
+        ]
+        if s.cap is not None:
+            cap = s.cap
+            rows.append(("at once", bar(cap.held, cap.limit), f"{cap.held}/{cap.limit}", ""))
+        for i, row in enumerate(rows):
+            table.add_row(s.subject if i == 0 else "", *row, state_text(s) if i == 0 else "")
     return table
 
 
@@ -141,6 +153,25 @@ def usage_json(u: Usage) -> list[dict[str, Any]]:
     ]
 
 
+def cap_json(cap: CapUsage) -> dict[str, Any]:
+    return {
+        "limit": cap.limit,
+        "running": cap.held,
+        "waiting": cap.waiting,
+        "holders": [
+            {
+                "holder": h.holder,
+                "since": h.since,
+                "lease_ends_in": json_number(max(0.0, h.expires - cap.now)),
+                "fence": h.fence,
+                "info": h.info,
+                "handed_over": h.pending,
+            }
+            for h in cap.holders
+        ],
+    }
+
+
 def subject_json(s: SubjectState) -> dict[str, Any]:
     u = s.usage
     return {
@@ -153,6 +184,7 @@ def subject_json(s: SubjectState) -> dict[str, Any]:
         "blocked_for": json_number(u.blocked_for),
         "booked": s.booked,
         "booked_for": json_number(u.booked_for),
+        "concurrency": cap_json(s.cap) if s.cap is not None else None,
         "now": u.now,
     }
 

@@ -1,0 +1,139 @@
+"""What governs one call of a task: its limits (queue, task, key), its cost, its wait state.
+
+:class:`Calls` works that out for the gate and for early deferral, caching what does not
+depend on the arguments (a task's options, the limits of each task and route). A
+:class:`Call` is the result: everything the admission steps need about one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .limits import (
+    LimitSpec,
+    call_with_arguments,
+    consumed_queue,
+    key_config,
+    key_spec,
+    option,
+    task_limit_config,
+)
+from .settings import LimitConfig, Settings
+from .waits import WaitState
+
+__all__ = ["Call", "Calls", "TaskOptions"]
+
+ROUTES = 10_000
+"""Routes (task, routing key, exchange, queue) whose limits a process remembers; routing keys
+are open-ended (topic exchanges), so past that it starts afresh."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """What governs a task, from settings and its ``governor_*`` attributes."""
+
+    task_spec: LimitSpec | None
+    key_config: LimitConfig | None
+    cost: Any
+    max_wait: float | None
+
+
+@dataclass(slots=True)
+class Call:
+    """One call of a governed task, as the admission steps see it."""
+
+    task: Any
+    request: Any
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    specs: list[LimitSpec]
+    """Every limit that governs it, queue first."""
+    cost: int
+    state: WaitState
+    """What it carries between waits (the ``governor`` header)."""
+
+    @property
+    def name(self) -> str:
+        """``task[id]``, for logs and messages."""
+        return f"{self.task.name}[{self.request.id}]"
+
+
+class Calls:
+    """Works out what governs each call; one per gate (per process)."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self._options: dict[str, TaskOptions] = {}
+        self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
+
+    def options(self, task: Any) -> TaskOptions:
+        """A task's governor options, read once per task (they are fixed after start-up)."""
+        opts = self._options.get(task.name)
+        if opts is None:
+            wait = getattr(task, "governor_max_wait", None) or self.settings.max_wait
+            task_config = task_limit_config(task, self.settings)
+            opts = TaskOptions(
+                task_spec=None
+                if task_config is None
+                else LimitSpec("task", "task", task_config, task.name),
+                key_config=key_config(task, self.settings),
+                cost=option(task, "governor_cost", 1),
+                max_wait=None if wait is None else float(wait),
+            )
+            self._options[task.name] = opts
+        return opts
+
+    def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
+        """The limits that do not depend on the arguments: the queue's, then the task's
+        (worked out once per task and route: every message asks, in both processes)."""
+        info = delivery_info or {}
+        route = (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
+        specs = self._fixed.get(route)
+        if specs is None:
+            out = []
+            queue = consumed_queue(self.app, delivery_info)
+            if queue is not None and queue in self.settings.queues:
+                out.append(LimitSpec("queue", "queue", self.settings.queues[queue], queue))
+            opts = self.options(task)
+            if opts.task_spec is not None:
+                out.append(opts.task_spec)
+            specs = tuple(out)
+            if len(self._fixed) > ROUTES:
+                self._fixed.clear()
+            self._fixed[route] = specs
+        return list(specs)
+
+    def specs(
+        self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> list[LimitSpec]:
+        """Every limit that governs this call, queue first."""
+        out = self.fixed_specs(task, getattr(request, "delivery_info", None))
+        config = self.options(task).key_config
+        if config is not None:
+            out.append(key_spec(task, config, args, kwargs))
+        return out
+
+    def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
+        """Whether a message may be governed (checked in the worker's main process)."""
+        return bool(self.fixed_specs(task, delivery_info)) or (
+            self.options(task).key_config is not None
+        )
+
+    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+        cost = self.options(task).cost
+        return int(call_with_arguments(task, cost, args, kwargs)) if callable(cost) else cost
+
+    def call(
+        self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Call:
+        """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
+        specs = self.specs(task, request, args, kwargs)
+        cost = self.cost(task, args, kwargs) if specs else 0
+        return Call(task, request, args, kwargs, specs, cost, WaitState.from_request(request))
+
+    def max_wait(self, task: Any) -> float | None:
+        wait: float | None = self.options(task).max_wait
+        return wait

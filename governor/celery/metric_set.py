@@ -1,0 +1,248 @@
+"""governor's Prometheus metrics: what each one is, and which signal updates it (installed by
+:mod:`governor.celery.metrics`).
+
+==========================================  =========  ======================  =================
+metric                                      type       labels                  counts
+==========================================  =========  ======================  =================
+``governor_admitted_total``                 counter    ``limit``               calls a limit
+                                                                               admitted
+``governor_deferred_total``                 counter    ``limit``, ``rule``,    calls denied and
+                                                       ``booked``              re-published
+``governor_delay_seconds``                  histogram  ``limit``               the delays they
+                                                                               were given
+``governor_lateness_seconds``               histogram  (none)                  how late booked
+                                                                               calls started
+``governor_parked_total``                   counter    ``queue``               deferred calls
+                                                                               parked in Redis
+``governor_released_total``                 counter    ``queue``               parked calls
+                                                                               re-published
+``governor_storage_unavailable_total``      counter    ``fail_mode``           decisions Redis
+                                                                               could not take
+``governor_parked_tasks``                   gauge      (none)                  calls parked now
+``governor_running``                        gauge      ``limit``               calls holding a
+                                                                               concurrency slot
+``governor_handover_seconds``               histogram  ``limit``               hand-over of a
+                                                                               slot to start
+``governor_slots_lost_total``               counter    ``limit``               slots whose
+                                                                               lease ran out
+==========================================  =========  ======================  =================
+
+- ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
+  ``task:proj.sync``, or the limiter name of a per-key limit (``proj.call_partner``). A call
+  governed by several limits counts once under each of them in ``governor_admitted_total``, so
+  sum over one limit, not over all. A call denied while Redis was unreachable (fail mode
+  "closed") is deferred under ``limit="redis"``.
+- ``rule`` is the rule that made the call wait, in canonical text (``10/s``, ``5/30s``),
+  ``blocked`` for a manual block, ``concurrency`` for a wait in a full cap's line (its delay is
+  not known, so it is not observed in ``governor_delay_seconds``), ``none`` when there was no
+  single rule (an outage retry, or a wait for a moment other calls kept booking).
+- ``booked`` is ``"true"`` when the call holds a reserved slot for the moment it comes back.
+- ``governor_delay_seconds`` buckets run from 1 ms to a day.
+- ``governor_lateness_seconds``: for a call admitted on the slot it had booked, how long after
+  the slot opened it started (compare with ``governor_late_tolerance``); 1 ms to 5 s.
+- ``governor_parked_tasks`` is whatever :func:`set_parked` last set, or what the callable given
+  to :func:`install` (``parked=``) or :func:`watch_parked` returns at each scrape.
+- ``governor_running`` sums the live pool processes of a worker (a process that exits drops
+  out); ``governor_handover_seconds`` runs from the moment a process freed a slot and published
+  the waiting call to the moment that call started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from . import signals
+from .limits import consumed_queue
+
+__all__ = ["DELAY_BUCKETS", "HANDOVER_BUCKETS", "LATENESS_BUCKETS", "UPDATES", "Metrics"]
+
+DELAY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+    43200.0,
+    86400.0,
+)
+"""``governor_delay_seconds`` buckets: 1 ms to a day (and +Inf)."""
+
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""``governor_lateness_seconds`` buckets: 1 ms to 5 s (and +Inf)."""
+
+HANDOVER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0)
+"""``governor_handover_seconds`` buckets: 1 ms to 30 s (and +Inf)."""
+
+
+class Metrics:
+    """The metric objects, made once the value class (in-memory or multiprocess) is chosen."""
+
+    def __init__(self) -> None:
+        self.admitted = Counter(
+            "governor_admitted",
+            "Governed calls admitted, once per limit that admitted them.",
+            ["limit"],
+        )
+        self.deferred = Counter(
+            "governor_deferred",
+            "Governed calls denied and re-published to run later (not task failures).",
+            ["limit", "rule", "booked"],
+        )
+        self.delay = Histogram(
+            "governor_delay_seconds",
+            "Delays given to deferred calls, in seconds.",
+            ["limit"],
+            buckets=DELAY_BUCKETS,
+        )
+        self.lateness = Histogram(
+            "governor_lateness_seconds",
+            "How long after its booked slot opened an admitted call started, in seconds.",
+            buckets=LATENESS_BUCKETS,
+        )
+        self.parked = Counter(
+            "governor_parked", "Deferred calls parked in Redis instead of the broker.", ["queue"]
+        )
+        self.released = Counter(
+            "governor_released", "Parked calls re-published by the releaser.", ["queue"]
+        )
+        self.unavailable = Counter(
+            "governor_storage_unavailable",
+            "Decisions that could not be taken because Redis was unreachable.",
+            ["fail_mode"],
+        )
+        self.parked_now = Gauge(
+            "governor_parked_tasks",
+            "Calls parked in Redis right now.",
+            multiprocess_mode="mostrecent",
+        )
+        self.running = Gauge(
+            "governor_running",
+            "Governed calls holding a concurrency slot of a limit right now (in this worker).",
+            ["limit"],
+            multiprocess_mode="livesum",
+        )
+        self.handover = Histogram(
+            "governor_handover_seconds",
+            "From the hand-over of a freed concurrency slot to the start of the waiting call.",
+            ["limit"],
+            buckets=HANDOVER_BUCKETS,
+        )
+        self.slots_lost = Counter(
+            "governor_slots_lost",
+            "Concurrency slots whose lease ran out while their call still ran.",
+            ["limit"],
+        )
+
+    def all(self) -> list[Any]:
+        return [
+            self.admitted,
+            self.deferred,
+            self.delay,
+            self.lateness,
+            self.parked,
+            self.released,
+            self.unavailable,
+            self.parked_now,
+            self.running,
+            self.handover,
+            self.slots_lost,
+        ]
+
+
+def _rule_label(rule: Any, blocked: Any) -> str:
+    if blocked is not None:
+        return "blocked"
+    if rule is None:
+        return "none"
+    return str(getattr(rule, "text", rule))
+
+
+def _queue_label(sender: Any, kwargs: dict[str, Any]) -> str:
+    queue = kwargs.get("queue")
+    if queue is None:
+        info = getattr(kwargs.get("request"), "delivery_info", None) or {}
+        app = getattr(sender, "app", None)
+        queue = consumed_queue(app, info) if app is not None else info.get("routing_key")
+    return str(queue) if queue else "unknown"
+
+
+def _admitted(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    for label in kw.get("limits") or ():
+        m.admitted.labels(str(label)).inc()
+    lateness = kw.get("lateness")
+    if lateness is not None:
+        m.lateness.observe(max(0.0, float(lateness)))
+
+
+def _deferred(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    limit = str(kw.get("limit") or "unknown")
+    rule = _rule_label(kw.get("rule"), kw.get("blocked"))
+    if kw.get("capped"):
+        rule = "concurrency"
+    m.deferred.labels(limit, rule, "true" if kw.get("booked") else "false").inc()
+    delay = kw.get("delay")
+    if delay is not None:
+        m.delay.labels(limit).observe(max(0.0, float(delay)))
+
+
+def _parked(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    m.parked.labels(_queue_label(sender, kw)).inc()
+
+
+def _released(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    count = int(kw.get("count") or 0)
+    if count > 0:
+        m.released.labels(_queue_label(sender, kw)).inc(count)
+
+
+def _unavailable(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    m.unavailable.labels(str(kw.get("fail_mode") or "unknown")).inc()
+
+
+def _slot_acquired(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    handover = kw.get("handover")
+    for label in kw.get("limits") or ():
+        m.running.labels(str(label)).inc()
+        if handover is not None:
+            m.handover.labels(str(label)).observe(max(0.0, float(handover)))
+
+
+def _slot_released(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    for label in kw.get("limits") or ():
+        m.running.labels(str(label)).dec()
+
+
+def _slot_lost(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    m.slots_lost.labels(str(kw.get("limit") or "unknown")).inc()
+
+
+UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
+    (signals.task_admitted, _admitted),
+    (signals.task_deferred, _deferred),
+    (signals.task_parked, _parked),
+    (signals.task_released, _released),
+    (signals.storage_unavailable, _unavailable),
+    (signals.slot_acquired, _slot_acquired),
+    (signals.slot_released, _slot_released),
+    (signals.slot_lost, _slot_lost),
+]
+"""Which signal updates which metrics (receivers: :mod:`.metrics`)."""

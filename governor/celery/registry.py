@@ -1,0 +1,60 @@
+"""Which Celery app has which :class:`~governor.celery.Governor`.
+
+The parts that Celery calls on its own (a task's ``before_start``, the worker's request class,
+the releaser bootstep) find their app's governor here, so none of them imports the module that
+defines it: :mod:`governor.celery.app` registers each ``Governor`` (and itself as the factory
+for apps that only use ``base=GovernedTask``), and everything else only reads.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .gate import Gate
+from .settings import Settings
+
+__all__ = ["Governor", "find", "of", "register", "set_factory"]
+
+
+class Governor(Protocol):
+    """What the rest of governor.celery needs of an installed governor."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def gate(self) -> Gate: ...
+
+    @property
+    def uses_caps(self) -> bool: ...
+
+
+_installed: weakref.WeakKeyDictionary[Any, Governor] = weakref.WeakKeyDictionary()
+_factory: Callable[[Any], Governor] | None = None
+
+
+def register(app: Any, governor: Governor) -> None:
+    _installed[app] = governor
+
+
+def set_factory(factory: Callable[[Any], Governor]) -> None:
+    """What :func:`of` calls for an app without a governor (``Governor`` itself)."""
+    global _factory
+    _factory = factory
+
+
+def find(app: Any) -> Governor | None:
+    """The app's governor, or None."""
+    return _installed.get(app)
+
+
+def of(app: Any) -> Governor:
+    """The app's governor, created on first use (a ``GovernedTask`` without ``Governor(app)``)."""
+    governor = _installed.get(app)
+    if governor is None:
+        if _factory is None:  # pragma: no cover - governor.celery always sets it
+            raise RuntimeError("import governor.celery before using a governed task")
+        governor = _factory(app)
+    return governor

@@ -1,0 +1,49 @@
+"""The Redis a process talks to, and its limiters: one client per process (a forked pool
+process makes its own), one :class:`~governor.Limiter` per limit name and configuration."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+from ..limiter import Limiter
+from .settings import LimitConfig, Settings
+
+__all__ = ["Store"]
+
+
+class Store:
+    """One process's Redis client and limiters."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._pid: int | None = None
+        self._client: redis.Redis | None = None
+        self._limiters: dict[tuple[str, LimitConfig], Limiter] = {}
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None or self._pid != os.getpid():
+            self._client = redis.Redis.from_url(
+                self.settings.require_redis(),
+                socket_timeout=self.settings.socket_timeout,
+                socket_connect_timeout=self.settings.socket_timeout,
+            )
+            self._pid = os.getpid()
+        return self._client
+
+    def limiter(self, name: str, config: LimitConfig) -> Limiter:
+        lim = self._limiters.get((name, config))
+        if lim is None or lim.client is not self.client:
+            lim = Limiter(
+                self.client,
+                config.rules or None,
+                algorithm=config.algorithm,
+                name=name,
+                prefix=self.settings.prefix,
+                concurrency=config.concurrency,
+                lease=config.lease,
+            )
+            self._limiters[(name, config)] = lim
+        return lim
