@@ -100,21 +100,27 @@ def test_the_example_apps_register_their_tasks_and_limits() -> None:
     assert info["broker"] == env["BROKER_URL"]
     assert info["redis_url"] == env["GOVERNOR_REDIS_URL"]
     assert info["prefix"] == "examples"
-    assert info["queues"] == {"emails": "10/s, 800/d"}
+    assert info["queues"] == {"emails": "10/s, 800/d", "exports": "30/m, 3 at once"}
     assert info["task_limits"] == {"workers.nightly.run_job": "1/s, 20/m, 200/h, 800/d"}
     assert set(info["tasks"]) == {
         "workers.emails.send_digest",
         "workers.emails.send_email",
+        "workers.exports.export_report",
+        "workers.exports.rebuild_account",
         "workers.nightly.run_job",
         "workers.partner_api.call_partner",
     }
+    rebuild = info["tasks"]["workers.exports.rebuild_account"]
+    assert rebuild["key"] == ["rebuild", "acme", "1 at once"]  # one at a time per account
     partner = info["tasks"]["workers.partner_api.call_partner"]
     assert partner["keyed"] and partner["limit_name"] == "partner-api"
     assert partner["key"] == ["partner-api", "acme", "5/s, 200/h"]  # per customer
     for name in ("workers.emails.send_email", "workers.emails.send_digest"):
         task = info["tasks"][name]
         assert task["queue"] == "emails" and task["limit"] is None  # plain tasks: queue quota
-    assert {"workers.partner_api", "workers.emails", "workers.nightly"} <= set(info["modules"])
+    assert {"workers.partner_api", "workers.emails", "workers.exports", "workers.nightly"} <= set(
+        info["modules"]
+    )
 
 
 def test_defaults_without_environment() -> None:
@@ -175,7 +181,7 @@ def test_compose_file_parses_and_has_redis_two_workers_and_a_producer() -> None:
     assert len(nodes) == 2, "each worker needs its own node name"
     for service in workers:
         queues = command_of(service)[command_of(service).index("-Q") + 1].split(",")
-        assert {"celery", "emails"} <= set(queues)  # the emails quota needs a consumer
+        assert {"celery", "emails", "exports"} <= set(queues)  # the quotas need consumers
     assert any(command_of(s)[:2] == ["python", "-m"] for s in services.values())
 
 
@@ -354,7 +360,7 @@ def test_partner_api_calls_are_limited_per_customer(example_worker: dict[str, st
 
 def test_module_layout() -> None:
     """The package the README, the demo and docker-compose.yml name."""
-    for module in ("app", "partner_api", "emails", "nightly"):
+    for module in ("app", "partner_api", "emails", "exports", "nightly"):
         assert (ROOT / "workers" / f"{module}.py").is_file()
     assert importlib.util.find_spec("governor.cli.demo") is not None
     assert importlib.util.find_spec("governor.demo_app") is not None  # packaged: pip install

@@ -14,11 +14,13 @@ Limits, all global (every worker node and process shares them through Redis):
 - queue ``emails``: 10 a second and 800 a day, for every task consumed from it
   (:mod:`workers.emails`);
 - task ``workers.nightly.run_job``: 1/s, 20/m, 200/h, 800/d (:mod:`workers.nightly`);
-- per customer, 5/s and 200/h on the partner API (on the task, :mod:`workers.partner_api`).
+- per customer, 5/s and 200/h on the partner API (on the task, :mod:`workers.partner_api`);
+- queue ``exports``: 30 a minute and 3 running at once (a warehouse's connections), and one
+  rebuild at a time per account (:mod:`workers.exports`).
 
 ::
 
-    celery -A workers.app worker -Q celery,emails -n node1@%h
+    celery -A workers.app worker -Q celery,emails,exports -n node1@%h
     governor -A workers.app status
 """
 
@@ -38,7 +40,10 @@ app.conf.update(
     governor_redis_url=GOVERNOR_REDIS_URL,
     governor_prefix=os.environ.get("GOVERNOR_PREFIX", "governor"),
     # every task consumed from the "emails" queue counts against this quota
-    governor_queues={"emails": "10/s, 800/d"},
+    governor_queues={
+        "emails": "10/s, 800/d",
+        "exports": {"rules": "30/m", "concurrency": 3},  # 3 connections to the warehouse
+    },
     # a whole-task limit, kept here with the other operational settings
     governor_tasks={"workers.nightly.run_job": "1/s, 20/m, 200/h, 800/d"},
     task_ignore_result=True,  # the examples keep no results: no result backend needed
@@ -47,6 +52,6 @@ app.conf.update(
 governor = Governor(app)
 
 # The task modules register their tasks on import (after `app` and `governor` exist).
-from . import emails, nightly, partner_api  # noqa: E402
+from . import emails, exports, nightly, partner_api  # noqa: E402
 
-__all__ = ["app", "emails", "governor", "nightly", "partner_api"]
+__all__ = ["app", "emails", "exports", "governor", "nightly", "partner_api"]
