@@ -11,24 +11,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import (
-    ClusterDownError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisClusterException,
-    ResponseError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from .algorithms import Algorithm, get_algorithm
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token
 from .decision import Decision, Hold, RuleUsage, Slot, Usage, seconds
-from .errors import ConfigError, CostError, StateError, StorageUnavailable
+from .errors import ConfigError, CostError
 from .keys import Subject, check_name, subject_text, tag
 from .rules import Rule, RuleSpec, parse_rules
 from .scripts import algorithm_script, block_script, cap_ops_script, capped_script
+from .storage_errors import storage_error
 
 __all__ = ["LimiterBase"]
 
@@ -55,20 +45,6 @@ def _cost(cost: object) -> int:
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-UNAVAILABLE = (
-    RedisConnectionError,  # also BusyLoadingError: a replica or restart still loading
-    RedisTimeoutError,
-    ClusterDownError,  # also MasterDownError
-    TryAgainError,
-    RedisClusterException,
-    ReadOnlyError,  # a replica after failover, before the client follows the new master
-    OutOfMemoryError,  # maxmemory reached under noeviction
-)
-"""Redis errors that mean "not now": the decision could not be made, nothing was changed."""
-REFUSING = ("MISCONF", "BUSY", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY", "OOM")
-"""Error replies of a server that refuses writes for a while (prefixes)."""
 
 
 class LimiterBase:
@@ -325,18 +301,4 @@ class LimiterBase:
 
     def _error(self, exc: Exception, keys: Sequence[str]) -> Exception:
         """Translate a redis-py error into a governor error (or return it unchanged)."""
-        if isinstance(exc, UNAVAILABLE) or (
-            isinstance(exc, ResponseError) and str(exc).startswith(REFUSING)
-        ):
-            return StorageUnavailable(f"Redis did not answer for limiter {self.name!r}: {exc}")
-        if isinstance(exc, ResponseError):
-            text = str(exc)
-            if "WRONGTYPE" in text:
-                return StateError(
-                    f"Redis key {keys[0]!r} or {keys[-1]!r} holds a value of another type than "
-                    f"governor's {self.algorithm.name} state: is limiter name {self.name!r} used "
-                    "by another program, or by a limiter with another algorithm and prefix?"
-                )
-            if "governor: corrupt" in text:
-                return StateError(text[text.index("governor: ") :])
-        return exc
+        return storage_error(exc, self.name, self.algorithm.name, keys)

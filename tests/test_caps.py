@@ -253,3 +253,33 @@ def test_processes_hammering_one_cap_never_exceed_it(
         running += change
         peak = max(peak, running)
     assert peak <= 2
+
+
+def test_threads_sharing_one_cap_never_exceed_it(r: redis.Redis, prefix: str) -> None:
+    """One Concurrency object shared by eight threads (each hold renews on its own thread)."""
+    cap = Concurrency(r, 3, name="threads", prefix=prefix, lease=2.0)
+    intervals: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for _ in range(15):
+            with cap.hold("s", timeout=30):
+                start = time.time()
+                time.sleep(0.002)
+                with lock:
+                    intervals.append((start, time.time()))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert len(intervals) == 120
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    assert peak <= 3
+    assert cap.holders("s").holders == ()

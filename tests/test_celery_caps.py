@@ -4,18 +4,23 @@ rules, slots given back whatever the end of the body."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import pytest
+import redis
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
-from celery_helpers import Recorder, most_at_once, new_app, worker
+from celery_helpers import Recorder, most_at_once, new_app, wait_for, worker
 from conftest import ServerHandle
 from governor import Limiter
 from governor.celery import GovernedTask, Governor, current_permits
+from governor.embedded import EmbeddedRedis
 
 
 def queue_name() -> str:
@@ -71,6 +76,70 @@ def test_queue_rules_and_cap_together(redis_server: ServerHandle) -> None:
     assert most_at_once(runs) <= 2
     starts = sorted(r["start"] for r in runs)
     assert all(starts[i + 5] - starts[i] >= 0.99 for i in range(len(starts) - 5))
+
+
+def test_one_script_decides_rates_and_cap_together(redis_server: ServerHandle) -> None:
+    """A task under a queue's rules and cap costs one decision script when it is admitted (rates
+    and slot together) and one release at its end: watched with MONITOR on a private Redis."""
+    q = queue_name()
+    store = EmbeddedRedis().start()
+    try:
+        app = new_app(
+            redis_server.url(),
+            q,
+            governor_redis_url=store.url(2),
+            governor_queues={q: {"rules": "1000/s", "concurrency": 2}},
+        )
+        Governor(app)
+        rec = Recorder(redis_server.url())
+
+        @app.task(shared=False)
+        def job(n: int) -> None:
+            rec.add(n=n)
+
+        client = redis.Redis.from_url(store.url(2))
+        lim = Limiter(client, "1000/s", concurrency=2, name="queue")
+        scripts = (lim._script, lim._rates, lim._cap_ops)
+        shas = {s.sha: what for s, what in zip(scripts, ("decide", "rates", "cap_ops"))}
+        for script in scripts:
+            client.script_load(script.text)
+        seen: list[str] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            with contextlib.suppress(Exception), client.monitor() as monitor:
+                watching.set()
+                for command in monitor.listen():
+                    seen.append(command["command"])
+
+        threading.Thread(target=watch, daemon=True).start()
+        assert watching.wait(5)
+        marks = {
+            "cap_decide.lua:": "decide",
+            "cap_ops.lua:": "cap_ops",
+            "sliding_log.lua:": "rates",
+        }
+
+        def count() -> Counter[str]:
+            return Counter(
+                "peek"  # the main process's look before the pool (at most one per 50 ms)
+                if " peek " in c
+                else shas.get(c.split()[1], "other")
+                if c.upper().startswith("EVALSHA ")
+                else next((what for mark, what in marks.items() if mark in c), "other")
+                for c in list(seen)
+                if c.upper().startswith(("EVALSHA ", "EVAL "))
+            )
+
+        with worker(app, [q], concurrency=1):
+            for n in range(20):
+                job.delay(n)
+            rec.wait(20, timeout=30)
+            counts = wait_for(count, lambda c: c["cap_ops"] >= 20, timeout=10)
+        assert counts["decide"] == 20 and counts["rates"] == 0, counts
+        assert counts["cap_ops"] == 20, counts  # one release per task
+    finally:
+        store.stop()
 
 
 def test_per_key_caps(redis_server: ServerHandle) -> None:

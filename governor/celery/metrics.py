@@ -61,8 +61,6 @@ import atexit
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -84,8 +82,15 @@ except ImportError as exc:  # pragma: no cover
     ) from exc
 
 from celery import signals as celery_signals
-from celery.concurrency import ALIASES
 
+from .metric_processes import (
+    MULTIPROC_ENV,
+    fork_lock,
+    prepare_directory,
+    register_fork_hooks,
+    remove_directory,
+    wants_multiprocess,
+)
 from .metric_set import DELAY_BUCKETS, HANDOVER_BUCKETS, LATENESS_BUCKETS, UPDATES, Metrics
 
 __all__ = [
@@ -101,11 +106,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("governor.celery.metrics")
-
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-_SINGLE_PROCESS_POOLS = {
-    ALIASES[k] for k in ("solo", "threads", "eventlet", "gevent") if k in ALIASES
-}
 
 
 @dataclass
@@ -129,13 +129,6 @@ _metrics: Metrics | None = None
 _state: _State | None = None
 _parked_source: Callable[[], float] | None = None
 _install_lock = threading.Lock()
-
-# Every metric update below holds this lock, and so does a fork: a pool
-# process can then never inherit one of prometheus_client's locks held by another thread of the
-# main process (the scrape thread, the releaser), which would hang its first update. See
-# _register_fork_hooks.
-_fork_lock = threading.Lock()
-_fork_hooks_registered = False
 
 
 class _ParkedRefresher:
@@ -197,7 +190,7 @@ def install(
                     port,
                 )
             return
-        use_mp = _wants_multiprocess(worker, multiprocess)
+        use_mp = wants_multiprocess(worker, multiprocess)
         refresher = _ParkedRefresher()
         state = _State(
             app_name=str(getattr(app, "main", app)),
@@ -206,11 +199,11 @@ def install(
             refresher=refresher,
         )
         if use_mp:
-            state.directory, state.owns_directory = _prepare_directory()
+            state.directory, state.owns_directory = prepare_directory()
             if not getattr(prometheus_values.ValueClass, "_multiprocess", False):
                 state.previous_value_class = prometheus_values.ValueClass
                 prometheus_values.ValueClass = prometheus_values.MultiProcessValue()  # type: ignore[no-untyped-call]
-            _register_fork_hooks()
+            register_fork_hooks()
             served = CollectorRegistry()
             served.register(refresher)
             MultiProcessCollector(served, path=state.directory)  # type: ignore[no-untyped-call]
@@ -219,7 +212,7 @@ def install(
                 _on_process_shutdown, weak=False, dispatch_uid="governor.metrics.process_shutdown"
             )
             if state.owns_directory:
-                atexit.register(_remove_directory, state.directory, state.pid)
+                atexit.register(remove_directory, state.directory, state.pid)
         else:
             REGISTRY.register(refresher)
             state.served = REGISTRY
@@ -261,7 +254,7 @@ def set_parked(count: float) -> None:
     if metrics is None:
         return
     try:
-        with _fork_lock:
+        with fork_lock:
             metrics.parked_now.set(count)
     except Exception:
         logger.debug("governor: set_parked failed", exc_info=True)
@@ -299,45 +292,6 @@ def uninstall() -> None:
 # -- plumbing ---------------------------------------------------------------------------------
 
 
-def _wants_multiprocess(worker: Any, multiprocess: bool | None) -> bool:
-    if os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower()):
-        return True  # prometheus_client may already count in files: the port must read them
-    if multiprocess is not None:
-        return multiprocess
-    if worker is None:
-        return True
-    return not _single_process_pool(getattr(worker, "pool_cls", None))
-
-
-def _single_process_pool(pool_cls: Any) -> bool:
-    """Whether a worker's pool (a name like "threads", or a class) runs tasks in the worker's
-    own process. Unknown pools count as multiprocess (always correct, only less convenient)."""
-    if isinstance(pool_cls, str):
-        path = ALIASES.get(pool_cls, pool_cls)
-    elif isinstance(pool_cls, type):
-        path = f"{pool_cls.__module__}:{pool_cls.__qualname__}"
-    else:
-        return False
-    return path in _SINGLE_PROCESS_POOLS
-
-
-def _prepare_directory() -> tuple[str, bool]:
-    """The multiprocess directory, and whether governor made it (and removes it at exit)."""
-    path = os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())
-    if path:
-        os.environ[MULTIPROC_ENV] = path  # the old lower-case name: prometheus_client warns
-        os.makedirs(path, exist_ok=True)
-        return path, False
-    path = tempfile.mkdtemp(prefix=f"governor-metrics-{os.getpid()}-")
-    os.environ[MULTIPROC_ENV] = path  # inherited by the pool processes
-    return path, True
-
-
-def _remove_directory(path: str | None, pid: int) -> None:
-    if path and os.getpid() == pid:  # never from a forked pool process
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _undo(state: _State) -> None:
     with contextlib.suppress(KeyError):
         state.served.unregister(state.refresher)
@@ -354,7 +308,7 @@ def _undo(state: _State) -> None:
     if state.owns_directory:
         if os.environ.get(MULTIPROC_ENV) == state.directory:
             del os.environ[MULTIPROC_ENV]
-        _remove_directory(state.directory, state.pid)
+        remove_directory(state.directory, state.pid)
 
 
 def _serve(state: _State, port: int, addr: str) -> None:
@@ -366,18 +320,6 @@ def _serve(state: _State, port: int, addr: str) -> None:
         return
     if isinstance(result, tuple):  # prometheus-client >= 0.20
         state.server, state.thread = result
-
-
-def _register_fork_hooks() -> None:
-    global _fork_hooks_registered
-    if _fork_hooks_registered or not hasattr(os, "register_at_fork"):
-        return
-    os.register_at_fork(
-        before=_fork_lock.acquire,
-        after_in_parent=_fork_lock.release,
-        after_in_child=_fork_lock.release,
-    )
-    _fork_hooks_registered = True
 
 
 # -- receivers --------------------------------------------------------------------------------
@@ -394,7 +336,7 @@ def _receiver(
         if metrics is None:
             return
         try:
-            with _fork_lock:
+            with fork_lock:
                 update(metrics, sender, kwargs)
         except Exception:
             logger.debug("governor: metrics receiver %s failed", update.__name__, exc_info=True)

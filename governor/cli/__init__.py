@@ -62,7 +62,7 @@ def _celery_app(obj: Any) -> Any | None:
 
 
 def _setup(ctx: click.Context, redis_url: str | None, prefix: str | None, app: str | None) -> None:
-    from .limits import load_app, settings_of
+    from .apps import load_app, settings_of
 
     celery_app = load_app(app) if app else _celery_app(ctx.obj)
     settings = None
