@@ -224,7 +224,8 @@ def main() -> None:
     print(
         f"\ngovernor.Concurrency in one process: release -> waiter returns p50 "
         f"{1e3 * prim['p50']:.2f} ms, p99 {1e3 * prim['p99']:.2f} ms "
-        f"(Redis PING round trip p50 {1e3 * prim['ping_p50']:.2f} ms)"
+        f"(Redis PING round trip p50 {1e3 * prim['ping_p50']:.2f} ms: the p50 is "
+        f"{prim['p50'] / prim['ping_p50']:.1f} PINGs)"
     )
 
 
