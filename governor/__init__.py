@@ -8,7 +8,7 @@ True
 """
 
 from .concurrency import Concurrency, Permit
-from .decision import CapUsage, Decision, Hold, Holder, RuleUsage, Slot, Usage
+from .decision import CapUsage, Decision, Hold, Holder, Pause, RuleUsage, Slot, Usage
 from .errors import (
     ConfigError,
     CostError,
@@ -34,6 +34,7 @@ __all__ = [
     "Hold",
     "Holder",
     "Limiter",
+    "Pause",
     "Permit",
     "Rule",
     "RuleError",

@@ -13,17 +13,25 @@ from typing import Any
 
 from .algorithms import Algorithm, get_algorithm
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token
-from .decision import Decision, Hold, RuleUsage, Slot, Usage, seconds
+from .decision import Decision, Hold, Pause, RuleUsage, Slot, Usage, seconds
 from .errors import ConfigError, CostError
 from .keys import Subject, check_name, subject_text, tag
 from .rules import Rule, RuleSpec, parse_rules
-from .scripts import algorithm_script, block_script, cap_ops_script, capped_script
+from .scripts import (
+    algorithm_script,
+    block_script,
+    cap_ops_script,
+    capped_script,
+    pause_script,
+)
 from .storage_errors import storage_error
 
 __all__ = ["LimiterBase"]
 
 Call = tuple[list[str], list[bytes | str | int]]
 BLOCK = "block"
+BACKOFF = "bo"
+"""The key suffix of a subject's exponential backoff level (see pause.lua)."""
 CAP_ONLY = "cap"
 """The state key suffix of a limiter with a cap and no rules (it keeps no rule state)."""
 
@@ -106,6 +114,7 @@ class LimiterBase:
         """The rules' script alone (usage of a capped limiter)."""
         self._cap_ops = cap_ops_script()
         self._block = block_script()
+        self._pause_script = pause_script()
 
     def __repr__(self) -> str:
         rules = ", ".join(r.text for r in self.rules)
@@ -243,6 +252,35 @@ class LimiterBase:
         if not isinstance(reason, str):
             raise ConfigError(f"block reason must be a string, got {reason!r}")
         return [self.keys(subject)[1]], ["" if now is None else _us(now, "now"), duration, reason]
+
+    def _pause_call(
+        self,
+        subject: Subject,
+        seconds_: float | None,
+        reason: str,
+        base: float,
+        max_pause: float,
+        now: float | None,
+    ) -> Call:
+        """A call of ``pause.lua``: ``seconds_`` None pauses for base x 2^(level - 1), at most
+        ``max_pause`` (one level more each time, forgotten after twice the pause)."""
+        if not isinstance(reason, str):
+            raise ConfigError(f"pause reason must be a string, got {reason!r}")
+        base_us, max_us = _us(base, "backoff base"), _us(max_pause, "longest pause")
+        if base_us < 1 or max_us < base_us:
+            raise ConfigError(f"backoff needs 0 < base <= max_pause, got {base!r}, {max_pause!r}")
+        duration: int | str = ""
+        if seconds_ is not None:
+            duration = _us(seconds_, "pause")
+            if duration < 1:
+                raise ConfigError(f"a pause must be positive, got {seconds_!r}")
+        head = self.keys(subject)[1][: -len(BLOCK)]
+        at = "" if now is None else _us(now, "now")
+        return [head + BLOCK, head + BACKOFF], [at, duration, reason[:500], base_us, max_us]
+
+    @staticmethod
+    def _pause(reply: Sequence[Any]) -> Pause:
+        return Pause(int(reply[0]) / 1e6, int(reply[1]) / 1e6, int(reply[2]))
 
     def _decision(self, reply: Any, cost: int = 1, hold: Hold | None = None) -> Decision:
         if hold is not None:

@@ -39,6 +39,24 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
+class Pause:
+    """A subject paused after its upstream pushed back (:meth:`~governor.Limiter.pause`).
+
+    ``until`` and ``now`` are Unix seconds on the limiter's clock; ``level`` counts the
+    exponential pauses in a row (0 for a pause of a given length). ``until`` may be later than
+    asked: a longer block or pause already in place is kept.
+    """
+
+    until: float
+    now: float
+    level: int
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.until - self.now)
+
+
+@dataclass(frozen=True, slots=True)
 class Hold:
     """A concurrency slot a decision took: give it back with ``release``, keep it with ``renew``.
 

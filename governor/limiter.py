@@ -10,7 +10,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .caps import handed
 from .core import Call
-from .decision import Decision, Slot, Usage
+from .decision import Decision, Pause, Slot, Usage
 from .direct import Lane, NotSent, lane_for
 from .keys import Subject, parse_key
 from .limiter_caps import CapOps
@@ -258,6 +258,26 @@ class Limiter(CapOps):
         call = self._block_call(subject, seconds, reason, now)
         until, _ = self._eval(self._block, call)
         return float(until) / 1e6
+
+    def pause(
+        self,
+        subject: Subject,
+        seconds: float | None = None,
+        reason: str = "",
+        *,
+        base: float = 1.0,
+        max_pause: float = 300.0,
+        now: float | None = None,
+    ) -> Pause:
+        """Pause ``subject`` after its upstream pushed back: deny it for ``seconds`` (a
+        ``Retry-After``), or, with None, for ``base`` x 2^(n - 1) after the n-th pause in a row
+        (at most ``max_pause``). Unlike :meth:`block` it never shortens a block or pause in
+        place. Bookings asked for from its end on (``reserve(not_before=...)``) go through.
+
+        >>> limiter.pause("customer-42", 30, "HTTP 429")          # doctest: +SKIP
+        """
+        call = self._pause_call(subject, seconds, reason, base, max_pause, now)
+        return self._pause(self._eval(self._pause_script, call))
 
     def unblock(self, subject: Subject) -> bool:
         """Lift a manual block; True if there was one."""

@@ -39,6 +39,11 @@ def block_script() -> LuaScript:
 
 
 @cache
+def pause_script() -> LuaScript:
+    return _make("pause", _read("pause"))
+
+
+@cache
 def plain_script(name: str) -> LuaScript:
     """A standalone script (no prelude): block, park, release."""
     return _make(name, _read(name))

@@ -6,6 +6,7 @@ GT_BROKER      broker URL              GT_STORE       governor Redis URL
 GT_RECORD      Redis URL for records   GT_KEY         record key prefix
 GT_QUEUES      JSON {queue: rules}     GT_CONF        JSON of extra app.conf settings
 GT_SLEEP       seconds each task body sleeps (default 0)
+GT_UPSTREAM    URL the ``worker_app.upstream`` task calls (HTTP 429/503: it raises Backoff)
 GT_KILL_ON     "deferred": SIGKILL this worker right after a deferral is re-published (before
                the original is acknowledged); "publish": right before it is re-published;
                "release-before" / "release-after": right before / after its releaser publishes
@@ -25,6 +26,8 @@ import os
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import redis
@@ -36,7 +39,7 @@ from celery.signals import (
     worker_ready,
 )
 
-from governor.celery import Governor, signals
+from governor.celery import Backoff, Governor, signals
 
 app = Celery("worker_app", broker=os.environ.get("GT_BROKER", "redis://127.0.0.1:6379/1"))
 app.conf.update(
@@ -55,19 +58,35 @@ SLEEP = float(os.environ.get("GT_SLEEP", "0"))
 
 @app.task(bind=True, name="worker_app.noop")
 def noop(self: Task, n: int) -> None:
+    _run(self, n)
+
+
+@app.task(bind=True, name="worker_app.upstream", max_retries=0)
+def upstream(self: Task, n: int) -> None:
+    """Call the HTTP upstream at GT_UPSTREAM; a 429 or 503 raises Backoff from its headers."""
+    try:
+        urllib.request.urlopen(os.environ["GT_UPSTREAM"], timeout=5).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (429, 503):
+            raise Backoff.from_response(exc) from None
+        raise
+    _run(self, n)
+
+
+def _run(task: Task, n: int) -> None:
     started = time.time()
-    gov = (self.request.headers or {}).get("governor") or {}
+    gov = (task.request.headers or {}).get("governor") or {}
     _record.rpush(
         f"{KEY}:runs",
         json.dumps(
             {
-                "id": self.request.id,
+                "id": task.request.id,
                 "t": started,
                 "n": n,
                 "waits": gov.get("waits", 0),
-                "retries": self.request.retries,
+                "retries": task.request.retries,
                 "pid": os.getpid(),
-                "node": self.request.hostname,
+                "node": task.request.hostname,
             }
         ),
     )
@@ -77,11 +96,11 @@ def noop(self: Task, n: int) -> None:
             f"{KEY}:ends",
             json.dumps(
                 {
-                    "id": self.request.id,
+                    "id": task.request.id,
                     "start": started,
                     "end": time.time(),
                     "pid": os.getpid(),
-                    "node": self.request.hostname,
+                    "node": task.request.hostname,
                 }
             ),
         )

@@ -112,14 +112,14 @@ class Nodes:
             time.sleep(0.1)
         return self.runs()
 
-    def publish(self, queue: str, count: int) -> None:
-        """Send ``count`` noop tasks the way any producer would: a fresh app on the broker."""
+    def publish(self, queue: str, count: int, task: str = "worker_app.noop") -> None:
+        """Send ``count`` tasks the way any producer would: a fresh app on the broker."""
         from celery import Celery
 
         producer_app = Celery("producer", broker=self.env["GT_BROKER"])
         with producer_app.producer_or_acquire() as producer:
             for n in range(count):
-                producer_app.send_task("worker_app.noop", (n,), queue=queue, producer=producer)
+                producer_app.send_task(task, (n,), queue=queue, producer=producer)
         producer_app.close()
 
     def records(self, kind: str) -> list[Any]:

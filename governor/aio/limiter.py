@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..caps import Waited, handed, holder_text, usage, waited
 from ..core import Call, LimiterBase
-from ..decision import CapUsage, Decision, Hold, Slot, Usage
+from ..decision import CapUsage, Decision, Hold, Pause, Slot, Usage
 from ..keys import Subject, parse_key
 from ..scripts import LuaScript
 
@@ -196,6 +196,20 @@ class Limiter(LimiterBase):
     ) -> float:
         until, _ = await self._eval(self._block, self._block_call(subject, seconds, reason, now))
         return float(until) / 1e6
+
+    async def pause(
+        self,
+        subject: Subject,
+        seconds: float | None = None,
+        reason: str = "",
+        *,
+        base: float = 1.0,
+        max_pause: float = 300.0,
+        now: float | None = None,
+    ) -> Pause:
+        """See :meth:`governor.Limiter.pause`."""
+        call = self._pause_call(subject, seconds, reason, base, max_pause, now)
+        return self._pause(await self._eval(self._pause_script, call))
 
     async def unblock(self, subject: Subject) -> bool:
         keys = self.keys(subject)

@@ -7,12 +7,14 @@
 
 from ..errors import GovernorTimeout
 from .app import Governor
+from .backoff import Backoff
 from .batch import submit_batch
 from .gate import Deferred
 from .holding import current_permits
 from .task import GovernedTask
 
 __all__ = [
+    "Backoff",
     "Deferred",
     "GovernedTask",
     "Governor",

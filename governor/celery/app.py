@@ -33,7 +33,7 @@ from .limits import validate_task
 from .releaser import ReleaserStep
 from .request import governed_request_class
 from .settings import Settings, load_settings
-from .task import GovernedMixin, GovernedTask
+from .task import GovernedMixin, GovernedTask, watch_backoff
 
 __all__ = ["Governor"]
 
@@ -222,6 +222,7 @@ class Governor:
                 {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
             )
         task.Request = governed_request_class(task.Request)
+        watch_backoff(task)
         return True
 
 

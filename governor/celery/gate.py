@@ -16,6 +16,9 @@ not denied again. Otherwise it is re-published after the exact ``retry_after``.
 4. admitted: the task runs, holding the concurrency slots it took until its body ends
    (:mod:`.holding`); denied: it is re-published to wait (:mod:`.republish`), or waits in a
    full cap's line (:mod:`.waiting`).
+
+A body that raises :class:`~.backoff.Backoff` comes back through :meth:`Gate.back_off`: its limit
+is paused for every worker and it waits behind the pause (:mod:`.pausing`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import redis
 from ..caps import new_token
 from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
 from . import parking, signals
+from .backoff import Backoff
 from .calls import Call, Calls, TaskOptions
 from .decide import Outcome, Who
 from .decider import Decider, too_long, waited
@@ -39,6 +43,7 @@ from .handover import Handover
 from .holding import Holding, holder_info
 from .leases import Leases
 from .limits import LimitSpec
+from .pausing import Pausing
 from .republish import Republisher
 from .settings import Settings
 from .store import Store
@@ -64,6 +69,7 @@ class Gate:
         self.waiting = Waiting(settings, self.store, self.republisher)
         self.holding = Holding(self.calls, self.store, self.handover)
         self.early = EarlyDeferral(self.calls, self.decider, self.republisher, self.waiting)
+        self.pausing = Pausing(settings, self.store, self.decider, self.republisher)
 
     # -- what others use ---------------------------------------------------------------------
 
@@ -116,6 +122,14 @@ class Gate:
             return self._decide(call)
         except StorageUnavailable as exc:
             return self._unavailable(call, exc)
+
+    def back_off(
+        self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Backoff
+    ) -> Deferred:
+        """The body raised Backoff: pause its limit for every worker and send the task to run
+        again behind the pause (see :mod:`.pausing`). Returns the Deferred to raise."""
+        call = self.calls.call(task, task.request, args, kwargs)
+        return self.pausing.pause(call, exc)
 
     def _decide(self, call: Call) -> Deferred | None:
         """Admit the call, or send it to wait: for a moment, or in a full cap's line."""

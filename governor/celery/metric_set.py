@@ -25,6 +25,8 @@ metric                                      type       labels                  c
                                                                                slot to start
 ``governor_slots_lost_total``               counter    ``limit``               slots whose
                                                                                lease ran out
+``governor_pauses_total``                   counter    ``limit``, ``timed``    pauses after a
+                                                                               ``Backoff``
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -152,6 +154,12 @@ class Metrics:
             ["limit"],
         )
 
+        self.pauses = Counter(
+            "governor_pauses",
+            "Limits paused because a task raised Backoff (timed: the upstream said how long).",
+            ["limit", "timed"],
+        )
+
     def all(self) -> list[Any]:
         return [
             self.admitted,
@@ -165,6 +173,7 @@ class Metrics:
             self.running,
             self.handover,
             self.slots_lost,
+            self.pauses,
         ]
 
 
@@ -235,6 +244,11 @@ def _slot_lost(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
     m.slots_lost.labels(str(kw.get("limit") or "unknown")).inc()
 
 
+def _paused(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    timed = "false" if kw.get("level") else "true"
+    m.pauses.labels(str(kw.get("limit") or "unknown"), timed).inc()
+
+
 UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.task_admitted, _admitted),
     (signals.task_deferred, _deferred),
@@ -244,5 +258,6 @@ UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.slot_acquired, _slot_acquired),
     (signals.slot_released, _slot_released),
     (signals.slot_lost, _slot_lost),
+    (signals.limit_paused, _paused),
 ]
 """Which signal updates which metrics (receivers: :mod:`.metrics`)."""

@@ -26,6 +26,11 @@ setting                        meaning (default)
                                visibility timeout, at most 300; False: never park)
 ``governor_release_interval``  how often each worker's releaser looks for due tasks (1.0)
 ``governor_release_lease``     seconds a releaser may take to publish what it took (30.0)
+``governor_backoff_base``      first pause of a ``Backoff`` that names no time, doubling with each
+                               one in a row (1.0)
+``governor_backoff_max``       longest such pause, seconds (300.0)
+``governor_max_pause``         longest pause an upstream may ask for; longer ones are cut to it
+                               with a warning (3600.0)
 ``governor_metrics_port``      serve Prometheus metrics on this port (None: off)
 ``governor_metrics_addr``      address for the metrics server ("0.0.0.0")
 =============================  ==========================================================
@@ -99,6 +104,9 @@ class Settings:
     release_lease: float = 30.0
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    max_pause: float = 3600.0
 
     @property
     def lead(self) -> float:
@@ -220,6 +228,13 @@ def load_settings(conf: Any) -> Settings:
             f"governor_release_interval ({release_interval:g}s): a parked task is released "
             "when it is due within park_after, and releasers look only every release_interval"
         )
+    backoff_base = seconds(get("governor_backoff_base", 1.0), "governor_backoff_base", minimum=0.01)
+    backoff_max = seconds(get("governor_backoff_max", 300.0), "governor_backoff_max", minimum=0.01)
+    if backoff_max < backoff_base:
+        raise ConfigError(
+            f"governor_backoff_max ({backoff_max:g}s) must not be below governor_backoff_base "
+            f"({backoff_base:g}s)"
+        )
     return Settings(
         redis_url=redis_url,
         prefix=prefix,
@@ -245,4 +260,7 @@ def load_settings(conf: Any) -> Settings:
         ),
         lease_span=seconds(get("governor_lease_span", 0.2), "governor_lease_span"),
         concurrency_lease=concurrency_lease,
+        backoff_base=backoff_base,
+        backoff_max=backoff_max,
+        max_pause=seconds(get("governor_max_pause", 3600.0), "governor_max_pause", minimum=1.0),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "limit_paused",
     "slot_acquired",
     "slot_lost",
     "slot_released",
@@ -55,6 +56,15 @@ slot_lost = Signal(name="governor.slot_lost", providing_args={"limit", "holder"}
 """A running task's concurrency slot may have gone to another task: its lease ran out without
 a renewal (Redis away longer than the lease) or Redis no longer holds it. Sent in the process
 running the body; the body is not interrupted (see the README)."""
+
+limit_paused = Signal(
+    name="governor.limit_paused",
+    providing_args={"request", "limit", "until", "seconds", "reason", "level"},
+)
+"""A task raised :class:`~governor.celery.Backoff`: ``limit`` (a label) is paused for every
+worker until ``until`` (Unix seconds, Redis's clock), ``seconds`` from now. ``level``: how many
+exponential pauses in a row (0 for a pause the upstream timed). ``until`` may be later than
+asked: a longer pause or block was already in place."""
 
 task_parked = Signal(name="governor.task_parked", providing_args={"request", "due"})
 """A deferred task was parked in Redis instead of the broker, due at ``due`` (Unix seconds)."""

@@ -21,14 +21,16 @@ Task attributes (all optional):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from celery import Task
 
 from . import registry
+from .backoff import Backoff
 
-__all__ = ["GovernedMixin", "GovernedTask"]
+__all__ = ["GovernedMixin", "GovernedTask", "watch_backoff"]
 
 
 class GovernedMixin:
@@ -55,3 +57,26 @@ class GovernedTask(GovernedMixin, Task):  # type: ignore[misc]
     governor_concurrency: int | None = None
     governor_cost: int | Callable[..., int] = 1
     governor_max_wait: float | None = None
+
+
+def watch_backoff(task: Any) -> None:
+    """Have ``task``'s body hand a :class:`Backoff` it raises to the gate (which pauses the
+    limit and re-publishes the task; see :mod:`governor.celery.pausing`). Wraps the instance's
+    ``run``, which the worker's tracer calls; a direct or eager call raises it unchanged."""
+    run = task.run
+    if getattr(run, "_governor_backoff", False):
+        return
+
+    @functools.wraps(run)  # the signature stays: governor_key maps arguments to names with it
+    def governed_run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except Backoff as exc:
+            request = task.request
+            if getattr(request, "is_eager", False) or getattr(request, "called_directly", True):
+                raise
+            deferred = registry.of(task.app).gate.back_off(task, args, kwargs, exc)
+        raise deferred  # outside the except block: the traceback Celery records stays short
+
+    governed_run._governor_backoff = True  # type: ignore[attr-defined]
+    task.run = governed_run

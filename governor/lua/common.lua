@@ -86,6 +86,12 @@ local function read_block()
   return untl, string.sub(v, sep + 1)
 end
 
+-- Whether a block holds this call up: a booking asked for from the block's end on is not
+-- (it cannot start inside the block; a paused task books its place behind the pause this way).
+local function held_by(untl)
+  return untl and not (op == 'reserve' and not_before >= untl)
+end
+
 local function decision(allowed, retry, rule, remaining, reset, start, stop, reason)
   -- the reason is appended, not formatted: %s would stop at a NUL byte
   return string.format('%d %d %d %d %d %d %d %d ', allowed, retry, rule, remaining, reset, now,

@@ -96,7 +96,7 @@ if op == 'refund' then
 end
 
 local untl, reason = read_block()
-if untl then return blocked_reply(untl, reason) end
+if held_by(untl) then return blocked_reply(untl, reason) end
 
 if never then return decision(0, -1, never, remaining(now), reset_after(), 0, 0, '') end
 

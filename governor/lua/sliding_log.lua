@@ -150,7 +150,7 @@ if op == 'refund' or (untl and op == 'claim') then
   if removed > 0 and removed == k and not floor then redis.call('DEL', key) end
   if op == 'refund' then return 1 end
 end
-if untl then return blocked_reply(untl, reason) end
+if held_by(untl) then return blocked_reply(untl, reason) end
 
 if never then
   return decision(0, -1, never, remaining(0), reset_after(), 0, 0, '')
