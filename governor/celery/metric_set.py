@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from . import signals
 from .limits import consumed_queue
@@ -96,62 +96,80 @@ HANDOVER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 class Metrics:
-    """The metric objects, made once the value class (in-memory or multiprocess) is chosen."""
+    """The metric objects, made once the value class (in-memory or multiprocess) is chosen.
 
-    def __init__(self) -> None:
+    ``registry``: where they register (prometheus_client's default registry; ``None``: nowhere,
+    or a private :class:`~prometheus_client.CollectorRegistry` to list what governor exports)."""
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
         self.admitted = Counter(
             "governor_admitted",
             "Governed calls admitted, once per limit that admitted them.",
             ["limit"],
+            registry=registry,
         )
         self.deferred = Counter(
             "governor_deferred",
             "Governed calls denied and re-published to run later (not task failures).",
             ["limit", "rule", "booked"],
+            registry=registry,
         )
         self.delay = Histogram(
             "governor_delay_seconds",
             "Delays given to deferred calls, in seconds.",
             ["limit"],
             buckets=DELAY_BUCKETS,
+            registry=registry,
         )
         self.lateness = Histogram(
             "governor_lateness_seconds",
             "How long after its booked slot opened an admitted call started, in seconds.",
             buckets=LATENESS_BUCKETS,
+            registry=registry,
         )
         self.parked = Counter(
-            "governor_parked", "Deferred calls parked in Redis instead of the broker.", ["queue"]
+            "governor_parked",
+            "Deferred calls parked in Redis instead of the broker.",
+            ["queue"],
+            registry=registry,
         )
         self.released = Counter(
-            "governor_released", "Parked calls re-published by the releaser.", ["queue"]
+            "governor_released",
+            "Parked calls re-published by the releaser.",
+            ["queue"],
+            registry=registry,
         )
         self.unavailable = Counter(
             "governor_storage_unavailable",
             "Decisions that could not be taken because Redis was unreachable.",
             ["fail_mode"],
+            registry=registry,
         )
         self.parked_now = Gauge(
             "governor_parked_tasks",
             "Calls parked in Redis right now.",
             multiprocess_mode="mostrecent",
+            registry=registry,
         )
         self.running = Gauge(
             "governor_running",
             "Governed calls holding a concurrency slot of a limit right now (in this worker).",
             ["limit"],
             multiprocess_mode="livesum",
+            registry=registry,
         )
         self.handover = Histogram(
             "governor_handover_seconds",
             "From the hand-over of a freed concurrency slot to the start of the waiting call.",
             ["limit"],
             buckets=HANDOVER_BUCKETS,
+            registry=registry,
         )
         self.slots_lost = Counter(
             "governor_slots_lost",
             "Concurrency slots whose lease ran out while their call still ran.",
             ["limit"],
+            registry=registry,
         )
 
         self.pauses = Counter(

@@ -5,6 +5,7 @@
     $ governor plan "1/s, 20/m, 200/h, 800/d" --jobs 10000
     $ governor plan "5/s, 1000/h" --jobs 20000 --now --json | jq .last_at_iso
     $ governor plan "10/s" --jobs 50 --start 2025-06-01T09:00 --schedule
+    $ governor plan "1/s, 20/m, 200/h, 800/d" --jobs 10000 --chart plan.svg
 
 Each job starts as early as every rule allows (the sliding log's exact schedule, as
 ``Limiter.reserve`` books it when all jobs are queued at once); see :mod:`governor.plan`.
@@ -15,13 +16,14 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
 from ..plan import Plan
-from .common import FloatParam, echo_json, format_duration, format_time
+from .common import CliError, FloatParam, echo_json, format_duration, format_time
 from .views import console
 
 __all__ = ["plan_command", "runs"]
@@ -121,6 +123,29 @@ def _json(p: Plan, absolute: bool, schedule: bool) -> dict[str, Any]:
     return data
 
 
+def _chart_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    if value is None:
+        return None
+    if value.suffix.lower() != ".svg":
+        raise click.BadParameter(
+            f"{str(value)!r}: only .svg charts are supported (e.g. --chart plan.svg)", ctx, param
+        )
+    folder = value.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{str(value)!r}: no folder {str(folder)!r}", ctx, param)
+    return value
+
+
+def _write_chart(path: Path, p: Plan, origin: float | None) -> None:
+    from .plan_chart import write  # only when asked for
+
+    try:
+        write(path, p, origin)
+    except OSError as exc:
+        raise CliError(f"cannot write the chart to {str(path)!r}: {exc.strerror or exc}") from None
+    click.echo(f"chart written to {path}", err=True)
+
+
 @click.command("plan")
 @click.argument("rules")
 @click.option("--jobs", type=click.IntRange(min=1), required=True, help="How many jobs.")
@@ -131,6 +156,12 @@ def _json(p: Plan, absolute: bool, schedule: bool) -> dict[str, Any]:
 @click.option("--now", is_flag=True, help="The batch is queued now (print clock times).")
 @click.option("--schedule", is_flag=True, help="Also list every job's start.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option(
+    "--chart",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=_chart_path,
+    help="Also draw jobs per minute/hour/day and each rule's ceiling into this .svg file.",
+)
 def plan_command(
     rules: str,
     jobs: int,
@@ -139,6 +170,7 @@ def plan_command(
     now: bool,
     schedule: bool,
     as_json: bool,
+    chart: Path | None,
 ) -> None:
     """When a batch can run under RULES (offline, no Redis).
 
@@ -153,6 +185,8 @@ def plan_command(
     # "now" on the millisecond grid the limiter stamps on, so offsets come out round
     begin = math.ceil(time.time() * 1000) / 1000 if now else (start or 0.0)
     p = Plan.build(rules, jobs, start=begin, cost=cost)
+    if chart is not None:
+        _write_chart(chart, p, p.start if absolute else None)
     if as_json:
         echo_json(_json(p, absolute, schedule))
         return
