@@ -171,11 +171,11 @@ class Metrics:
             ["limit"],
             registry=registry,
         )
-
         self.pauses = Counter(
             "governor_pauses",
             "Limits paused because a task raised Backoff (timed: the upstream said how long).",
             ["limit", "timed"],
+            registry=registry,
         )
 
     def all(self) -> list[Any]:
