@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .algorithms import Algorithm, get_algorithm
+from .blocks import block_call, parse_pause, pause_call
+from .blocks import us as _us
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token
 from .decision import Decision, Hold, Pause, RuleUsage, Slot, Usage, seconds
 from .errors import ConfigError, CostError
@@ -34,15 +36,6 @@ BACKOFF = "bo"
 """The key suffix of a subject's exponential backoff level (see pause.lua)."""
 CAP_ONLY = "cap"
 """The state key suffix of a limiter with a cap and no rules (it keeps no rule state)."""
-
-
-def _us(value: float, what: str) -> int:
-    """Seconds (a finite, non-negative number) to integer microseconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{what} must be a finite number of seconds, got {value!r}")
-    if value < 0:
-        raise ConfigError(f"{what} must not be negative, got {value!r}")
-    return round(value * 1_000_000)
 
 
 def _cost(cost: object) -> int:
@@ -246,12 +239,7 @@ class LimiterBase:
     def _block_call(
         self, subject: Subject, seconds_: float, reason: str, now: float | None
     ) -> Call:
-        duration = _us(seconds_, "block duration")
-        if duration < 1:
-            raise ConfigError(f"block duration must be positive, got {seconds_!r}")
-        if not isinstance(reason, str):
-            raise ConfigError(f"block reason must be a string, got {reason!r}")
-        return [self.keys(subject)[1]], ["" if now is None else _us(now, "now"), duration, reason]
+        return block_call(self.keys(subject)[1], seconds_, reason, now)
 
     def _pause_call(
         self,
@@ -262,25 +250,15 @@ class LimiterBase:
         max_pause: float,
         now: float | None,
     ) -> Call:
-        """A call of ``pause.lua``: ``seconds_`` None pauses for base x 2^(level - 1), at most
-        ``max_pause`` (one level more each time, forgotten after twice the pause)."""
-        if not isinstance(reason, str):
-            raise ConfigError(f"pause reason must be a string, got {reason!r}")
-        base_us, max_us = _us(base, "backoff base"), _us(max_pause, "longest pause")
-        if base_us < 1 or max_us < base_us:
-            raise ConfigError(f"backoff needs 0 < base <= max_pause, got {base!r}, {max_pause!r}")
-        duration: int | str = ""
-        if seconds_ is not None:
-            duration = _us(seconds_, "pause")
-            if duration < 1:
-                raise ConfigError(f"a pause must be positive, got {seconds_!r}")
-        head = self.keys(subject)[1][: -len(BLOCK)]
-        at = "" if now is None else _us(now, "now")
-        return [head + BLOCK, head + BACKOFF], [at, duration, reason[:500], base_us, max_us]
+        """A call of ``pause.lua`` (see :func:`governor.blocks.pause_call`)."""
+        block = self.keys(subject)[1]
+        return pause_call(
+            block, block[: -len(BLOCK)] + BACKOFF, seconds_, reason, base, max_pause, now
+        )
 
     @staticmethod
     def _pause(reply: Sequence[Any]) -> Pause:
-        return Pause(int(reply[0]) / 1e6, int(reply[1]) / 1e6, int(reply[2]))
+        return parse_pause(reply)
 
     def _decision(self, reply: Any, cost: int = 1, hold: Hold | None = None) -> Decision:
         if hold is not None:

@@ -8,7 +8,7 @@ depend on the arguments (a task's options, the limits of each task and route). A
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .limits import (
@@ -20,6 +20,7 @@ from .limits import (
     option,
     task_limit_config,
 )
+from .live import LiveView
 from .settings import LimitConfig, Settings
 from .waits import WaitState
 
@@ -53,6 +54,8 @@ class Call:
     cost: int
     state: WaitState
     """What it carries between waits (the ``governor`` header)."""
+    shadows: list[LimitSpec] = field(default_factory=list)
+    """Limits in shadow mode: observed when the call is admitted, never deferring it."""
 
     @property
     def name(self) -> str:
@@ -63,9 +66,11 @@ class Call:
 class Calls:
     """Works out what governs each call; one per gate (per process)."""
 
-    def __init__(self, app: Any, settings: Settings) -> None:
+    def __init__(self, app: Any, settings: Settings, live: LiveView | None = None) -> None:
         self.app = app
         self.settings = settings
+        self.live = live
+        """Live limits (:mod:`.live`) replace the configured ones they name."""
         self._options: dict[str, TaskOptions] = {}
         self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
 
@@ -87,8 +92,15 @@ class Calls:
         return opts
 
     def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
-        """The limits that do not depend on the arguments: the queue's, then the task's
-        (worked out once per task and route: every message asks, in both processes)."""
+        """The enforced limits that do not depend on the arguments: the queue's, then the
+        task's (shadow limits left out)."""
+        specs = self._configured(task, delivery_info)
+        specs = self.live.apply(specs) if self.live is not None else specs
+        return [s for s in specs if not s.config.shadow]
+
+    def _configured(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
+        """:meth:`fixed_specs` as configured (worked out once per task and route: every message
+        asks, in both processes)."""
         info = delivery_info or {}
         route = (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
         specs = self._fixed.get(route)
@@ -110,15 +122,15 @@ class Calls:
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> list[LimitSpec]:
         """Every limit that governs this call, queue first."""
-        out = self.fixed_specs(task, getattr(request, "delivery_info", None))
+        out = self._configured(task, getattr(request, "delivery_info", None))
         config = self.options(task).key_config
         if config is not None:
             out.append(key_spec(task, config, args, kwargs))
-        return out
+        return self.live.apply(out) if self.live is not None else out
 
     def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
         """Whether a message may be governed (checked in the worker's main process)."""
-        return bool(self.fixed_specs(task, delivery_info)) or (
+        return bool(self._configured(task, delivery_info)) or (
             self.options(task).key_config is not None
         )
 
@@ -130,9 +142,12 @@ class Calls:
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Call:
         """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
-        specs = self.specs(task, request, args, kwargs)
-        cost = self.cost(task, args, kwargs) if specs else 0
-        return Call(task, request, args, kwargs, specs, cost, WaitState.from_request(request))
+        every = self.specs(task, request, args, kwargs)
+        specs = [s for s in every if not s.config.shadow]
+        shadows = [s for s in every if s.config.shadow]
+        cost = self.cost(task, args, kwargs) if every else 0
+        state = WaitState.from_request(request)
+        return Call(task, request, args, kwargs, specs, cost, state, shadows)
 
     def max_wait(self, task: Any) -> float | None:
         wait: float | None = self.options(task).max_wait

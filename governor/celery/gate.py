@@ -12,7 +12,8 @@ not denied again. Otherwise it is re-published after the exact ``retry_after``.
 2. a released copy of a parked task claims its release, a second copy is dropped
    (:mod:`.parking`);
 3. one answer under every limit: bookings, leases, or Redis (:mod:`.decider`), with
-   ``governor_fail_mode`` when Redis is away;
+   ``governor_fail_mode`` when Redis is away; shadow limits are asked after an admission,
+   and never defer (:mod:`.shadow`);
 4. admitted: the task runs, holding the concurrency slots it took until its body ends
    (:mod:`.holding`); denied: it is re-published to wait (:mod:`.republish`), or waits in a
    full cap's line (:mod:`.waiting`).
@@ -43,9 +44,11 @@ from .handover import Handover
 from .holding import Holding, holder_info
 from .leases import Leases
 from .limits import LimitSpec
+from .live import LiveView
 from .pausing import Pausing
 from .republish import Republisher
 from .settings import Settings
+from .shadow import Shadow
 from .store import Store
 from .waiting import Waiting, holder_of
 from .waits import HEADER, Deferred, Duplicate, WaitState
@@ -62,7 +65,7 @@ class Gate:
         self.app = app
         self.settings = settings
         self.store = Store(settings)
-        self.calls = Calls(app, settings)
+        self.calls = Calls(app, settings, LiveView(lambda: self.store.client, settings))
         self.handover = Handover(app)
         self.decider = Decider(settings, self.store, self.handover.publish)
         self.republisher = Republisher(app, settings, self.store, self.handover)
@@ -70,6 +73,7 @@ class Gate:
         self.holding = Holding(self.calls, self.store, self.handover)
         self.early = EarlyDeferral(self.calls, self.decider, self.republisher, self.waiting)
         self.pausing = Pausing(settings, self.store, self.decider, self.republisher)
+        self.shadow = Shadow(self.store)
 
     # -- what others use ---------------------------------------------------------------------
 
@@ -112,16 +116,17 @@ class Gate:
         if getattr(request, "is_eager", False) or getattr(request, "called_directly", False):
             return None
         call = self.calls.call(task, request, args, kwargs)
-        if not call.specs and call.state.parked is None:
+        if not call.specs and not call.shadows and call.state.parked is None:
             return None
         try:
             if not self._first_copy(call):
                 return Duplicate(f"governor: second copy of parked task {call.state.parked}")
-            if not call.specs:
-                return None
-            return self._decide(call)
+            deferred = self._decide(call) if call.specs else None
         except StorageUnavailable as exc:
             return self._unavailable(call, exc)
+        if deferred is None and call.shadows:
+            self.shadow.observe(call)
+        return deferred
 
     def back_off(
         self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Backoff

@@ -27,6 +27,8 @@ metric                                      type       labels                  c
                                                                                lease ran out
 ``governor_pauses_total``                   counter    ``limit``, ``timed``    pauses after a
                                                                                ``Backoff``
+``governor_shadow_denied_total``            counter    ``limit``, ``rule``     calls a shadow
+                                                                               limit would defer
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -178,6 +180,13 @@ class Metrics:
             registry=registry,
         )
 
+        self.shadow_denied = Counter(
+            "governor_shadow_denied",
+            "Calls a shadow limit would have deferred (they ran).",
+            ["limit", "rule"],
+            registry=registry,
+        )
+
     def all(self) -> list[Any]:
         return [
             self.admitted,
@@ -192,6 +201,7 @@ class Metrics:
             self.handover,
             self.slots_lost,
             self.pauses,
+            self.shadow_denied,
         ]
 
 
@@ -267,6 +277,12 @@ def _paused(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
     m.pauses.labels(str(kw.get("limit") or "unknown"), timed).inc()
 
 
+def _shadow_denied(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    m.shadow_denied.labels(
+        str(kw.get("limit") or "unknown"), _rule_label(kw.get("rule"), None)
+    ).inc()
+
+
 UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.task_admitted, _admitted),
     (signals.task_deferred, _deferred),
@@ -277,5 +293,6 @@ UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.slot_released, _slot_released),
     (signals.slot_lost, _slot_lost),
     (signals.limit_paused, _paused),
+    (signals.shadow_denied, _shadow_denied),
 ]
 """Which signal updates which metrics (receivers: :mod:`.metrics`)."""

@@ -66,13 +66,15 @@ class LimitConfig:
     concurrency: int | None = None
     lease: float = 30.0
     """Seconds a concurrency slot outlives its holder's last renewal."""
+    shadow: bool = False
+    """Count and log what the limit would deny, but deny nothing (a trial on real traffic)."""
 
     @property
     def text(self) -> str:
         parts = [r.text for r in self.rules]
         if self.concurrency is not None:
             parts.append(f"{self.concurrency} at once")
-        return ", ".join(parts)
+        return ", ".join(parts) + (" (shadow)" if self.shadow else "")
 
 
 LEAD = 0.2
@@ -130,16 +132,23 @@ def limit_config(
     algorithm = default_algorithm
     rules = value
     concurrency = None
+    shadow = False
     if isinstance(value, Mapping):
-        unknown = set(value) - {"rules", "algorithm", "concurrency"}
+        unknown = set(value) - {"rules", "algorithm", "concurrency", "shadow"}
         if unknown or not ("rules" in value or "concurrency" in value):
             raise ConfigError(
                 f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log', "
-                f"'concurrency': 5}} (rules, a concurrency cap, or both), got {value!r}"
+                f"'concurrency': 5, 'shadow': False}} (rules, a concurrency cap, or both), "
+                f"got {value!r}"
             )
         rules = value.get("rules")
         algorithm = value.get("algorithm", default_algorithm)
         concurrency = value.get("concurrency")
+        shadow = value.get("shadow", False)
+        if not isinstance(shadow, bool):
+            raise ConfigError(f"{where}: shadow must be True or False, got {shadow!r}")
+        if shadow and (concurrency is not None or rules is None):
+            raise ConfigError(f"{where}: shadow mode tries rules; a concurrency cap cannot be one")
     try:
         parsed = () if rules is None else parse_rules(rules)
         get_algorithm(algorithm).check(parsed)
@@ -147,7 +156,7 @@ def limit_config(
             Cap.make(concurrency, lease)
     except GovernorError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    return LimitConfig(parsed, get_algorithm(algorithm).name, concurrency, lease)
+    return LimitConfig(parsed, get_algorithm(algorithm).name, concurrency, lease, shadow)
 
 
 def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float = 0.0) -> Any:

@@ -14,6 +14,7 @@ from celery.utils.dispatch import Signal
 
 __all__ = [
     "limit_paused",
+    "shadow_denied",
     "slot_acquired",
     "slot_lost",
     "slot_released",
@@ -65,6 +66,12 @@ limit_paused = Signal(
 worker until ``until`` (Unix seconds, Redis's clock), ``seconds`` from now. ``level``: how many
 exponential pauses in a row (0 for a pause the upstream timed). ``until`` may be later than
 asked: a longer pause or block was already in place."""
+
+shadow_denied = Signal(
+    name="governor.shadow_denied", providing_args={"request", "limit", "rule", "delay"}
+)
+"""A shadow limit (``"shadow": True``) would have deferred this call by ``delay`` seconds
+under ``rule``; the call runs anyway."""
 
 task_parked = Signal(name="governor.task_parked", providing_args={"request", "due"})
 """A deferred task was parked in Redis instead of the broker, due at ``due`` (Unix seconds)."""

@@ -11,6 +11,7 @@
     governor plan "1/s, 20/m, 200/h, 800/d" --jobs 10000    (offline, no Redis)
     governor -A proj submit TASK calls.jsonl        book and enqueue a batch (progress bar)
     governor demo [--rules "20/s, 300/m"] [--json]  a local flood across two worker nodes
+    governor -A proj limits set queue:emails "20/s"  change a limit for every worker (show, reset)
 
     governor -A proj status                         limits from a Celery app's configuration
     celery -A proj governor status                  the same, as a Celery sub-command
@@ -41,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan:plan_command",
     "submit": "submit:submit",
     "demo": "demo:demo",
+    "limits": "live:limits",
 }
 """Command name -> ``module:attribute`` under ``governor.cli``."""
 

@@ -19,18 +19,18 @@ import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..algorithms import ALGORITHMS
 from ..decision import CapUsage, Usage
 from ..keys import escape, parse_key
-from ..limiter import Limiter
-from ..rules import Rule
+from .app_limits import app_limits, configured_limits
 from .apps import settings_of
 from .common import CliError, State
+from .entries import Config, LimitEntry
 
 if TYPE_CHECKING:
-    from ..celery.settings import Settings
+    pass
 
 __all__ = [
     "LimitEntry",
@@ -48,70 +48,6 @@ __all__ = [
 MAX_EXAMINED = 5000
 """Subjects of one limit whose usage status and top read (one round trip each)."""
 _SUFFIXES = {a.suffix: a.name for a in ALGORITHMS.values()}
-_ANY_RULE = (Rule(1, 1.0),)
-"""A stand-in for unknown rules: blocks and sliding-log bookings do not depend on the rules."""
-
-
-@dataclass(frozen=True)
-class Config:
-    """Rules and algorithm of one limit (the CLI's view of a ``LimitConfig``)."""
-
-    rules: tuple[Rule, ...]
-    algorithm: str
-    concurrency: int | None = None
-    lease: float = 30.0
-
-    @property
-    def text(self) -> str:
-        parts = [r.text for r in self.rules]
-        if self.concurrency is not None:
-            parts.append(f"{self.concurrency} at once")
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class LimitEntry:
-    """One limit: ``kind`` is ``queue``, ``task``, ``key`` (per-key, one limiter, many subjects)
-    or ``found`` (seen in Redis, rules unknown)."""
-
-    kind: str
-    name: str
-    config: Config | None
-    subject: str | None = None
-    tasks: tuple[str, ...] = ()
-    algorithms: tuple[str, ...] = ()
-    """For ``found`` limits: the algorithms whose state keys were seen."""
-
-    @property
-    def label(self) -> str:
-        """``queue:emails``, ``task:proj.sync``, or the limiter name of a per-key limit."""
-        return f"{self.name}:{self.subject}" if self.kind in ("queue", "task") else self.name
-
-    def limiter(self, state: State, algorithm: str | None = None) -> Limiter:
-        rules = self.config.rules if self.config else _ANY_RULE
-        algo = algorithm or (self.config.algorithm if self.config else "sliding_log")
-        cap = self.config.concurrency if self.config else None
-        return Limiter(
-            state.client,
-            rules or None,
-            algorithm=algo,
-            name=self.name,
-            prefix=state.prefix,
-            concurrency=cap,
-            lease=self.config.lease if self.config else 30.0,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "subject": self.subject,
-            "label": self.label,
-            "rules": [r.text for r in self.config.rules] if self.config else None,
-            "algorithm": self.config.algorithm if self.config else None,
-            "concurrency": self.config.concurrency if self.config else None,
-            "tasks": list(self.tasks),
-        }
 
 
 @dataclass(frozen=True)
@@ -155,57 +91,6 @@ class LimitState:
 
 
 # -- the Celery app ---------------------------------------------------------------------------
-
-
-def _tasks(app: Any) -> list[Any]:
-    try:
-        app.loader.import_default_modules()
-    except Exception as exc:
-        raise CliError(
-            f"Celery app {app.main!r}: importing its task modules raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
-    return sorted(
-        (t for t in app.tasks.values() if not t.name.startswith("celery.")),
-        key=lambda t: str(t.name),
-    )
-
-
-def app_limits(state: State) -> list[LimitEntry]:
-    """:func:`configured_limits` of the state's app, read once per invocation."""
-    if state.app is None:
-        return []
-    if "limits" not in state.cache:
-        state.cache["limits"] = configured_limits(state.app, settings_of(state.app))
-    return list(state.cache["limits"])
-
-
-def configured_limits(app: Any, settings: Settings) -> list[LimitEntry]:
-    """Every limit the app configures: queues, then whole-task limits, then per-key limits."""
-    from ..celery.limits import key_config, task_limit_config
-
-    def conv(config: Any) -> Config:
-        return Config(
-            tuple(config.rules), str(config.algorithm), config.concurrency, float(config.lease)
-        )
-
-    out = [LimitEntry("queue", "queue", conv(c), q) for q, c in settings.queues.items()]
-    tasks = _tasks(app)
-    whole: dict[str, Config] = {name: conv(c) for name, c in settings.tasks.items()}
-    keyed: dict[str, tuple[Config, list[str]]] = {}
-    for task in tasks:
-        config = task_limit_config(task, settings)
-        if config is not None:
-            whole[task.name] = conv(config)
-        config = key_config(task, settings)
-        if config is not None:
-            name = getattr(task, "governor_name", None) or task.name
-            keyed.setdefault(name, (conv(config), []))[1].append(task.name)
-    out += [LimitEntry("task", "task", c, name, (name,)) for name, c in sorted(whole.items())]
-    out += [
-        LimitEntry("key", name, c, None, tuple(names)) for name, (c, names) in sorted(keyed.items())
-    ]
-    return out
 
 
 def glob_escape(text: str) -> str:

@@ -1,0 +1,64 @@
+"""Manual blocks and upstream pauses: the arguments of ``block.lua`` and ``pause.lua``, checked,
+and the pause's reply. (:class:`~governor.core.LimiterBase` builds its calls with these.)"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .decision import Pause
+from .errors import ConfigError
+
+__all__ = ["block_call", "parse_pause", "pause_call", "us"]
+
+Call = tuple[list[str], list[bytes | str | int]]
+
+
+def us(value: float, what: str) -> int:
+    """Seconds (a finite, non-negative number) to integer microseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{what} must be a finite number of seconds, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"{what} must not be negative, got {value!r}")
+    return round(value * 1_000_000)
+
+
+def block_call(key: str, seconds: float, reason: str, now: float | None) -> Call:
+    """``block.lua`` on the block ``key``: deny for ``seconds``, replacing any block."""
+    duration = us(seconds, "block duration")
+    if duration < 1:
+        raise ConfigError(f"block duration must be positive, got {seconds!r}")
+    if not isinstance(reason, str):
+        raise ConfigError(f"block reason must be a string, got {reason!r}")
+    return [key], ["" if now is None else us(now, "now"), duration, reason]
+
+
+def pause_call(
+    key: str,
+    level_key: str,
+    seconds: float | None,
+    reason: str,
+    base: float,
+    max_pause: float,
+    now: float | None,
+) -> Call:
+    """``pause.lua``: ``seconds`` None pauses for base x 2^(level - 1), at most ``max_pause``
+    (one level more each time, forgotten after twice the pause). The reason is cut to 500
+    characters (it may come from an upstream's answer)."""
+    if not isinstance(reason, str):
+        raise ConfigError(f"pause reason must be a string, got {reason!r}")
+    base_us, max_us = us(base, "backoff base"), us(max_pause, "longest pause")
+    if base_us < 1 or max_us < base_us:
+        raise ConfigError(f"backoff needs 0 < base <= max_pause, got {base!r}, {max_pause!r}")
+    duration: int | str = ""
+    if seconds is not None:
+        duration = us(seconds, "pause")
+        if duration < 1:
+            raise ConfigError(f"a pause must be positive, got {seconds!r}")
+    at = "" if now is None else us(now, "now")
+    return [key, level_key], [at, duration, reason[:500], base_us, max_us]
+
+
+def parse_pause(reply: Sequence[Any]) -> Pause:
+    return Pause(int(reply[0]) / 1e6, int(reply[1]) / 1e6, int(reply[2]))

@@ -1,0 +1,82 @@
+"""The CLI's view of a limit: :class:`Config` (rules, algorithm, cap) and :class:`LimitEntry`
+(a limit with its name, kind and subject, and the limiter that reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..limiter import Limiter
+from ..rules import Rule
+from .common import State
+
+__all__ = ["Config", "LimitEntry"]
+
+_ANY_RULE = (Rule(1, 1.0),)
+"""A stand-in for unknown rules: blocks and sliding-log bookings do not depend on the rules."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Rules and algorithm of one limit (the CLI's view of a ``LimitConfig``)."""
+
+    rules: tuple[Rule, ...]
+    algorithm: str
+    concurrency: int | None = None
+    lease: float = 30.0
+    shadow: bool = False
+    live: bool = False
+    """Set live (``governor limits set``), replacing the configuration."""
+
+    @property
+    def text(self) -> str:
+        parts = [r.text for r in self.rules]
+        if self.concurrency is not None:
+            parts.append(f"{self.concurrency} at once")
+        marks = [m for m, on in (("shadow", self.shadow), ("live", self.live)) if on]
+        return ", ".join(parts) + (f" ({', '.join(marks)})" if marks else "")
+
+
+@dataclass(frozen=True)
+class LimitEntry:
+    """One limit: ``kind`` is ``queue``, ``task``, ``key`` (per-key, one limiter, many subjects)
+    or ``found`` (seen in Redis, rules unknown)."""
+
+    kind: str
+    name: str
+    config: Config | None
+    subject: str | None = None
+    tasks: tuple[str, ...] = ()
+    algorithms: tuple[str, ...] = ()
+    """For ``found`` limits: the algorithms whose state keys were seen."""
+
+    @property
+    def label(self) -> str:
+        """``queue:emails``, ``task:proj.sync``, or the limiter name of a per-key limit."""
+        return f"{self.name}:{self.subject}" if self.kind in ("queue", "task") else self.name
+
+    def limiter(self, state: State, algorithm: str | None = None) -> Limiter:
+        rules = self.config.rules if self.config else _ANY_RULE
+        algo = algorithm or (self.config.algorithm if self.config else "sliding_log")
+        cap = self.config.concurrency if self.config else None
+        return Limiter(
+            state.client,
+            rules or None,
+            algorithm=algo,
+            name=self.name,
+            prefix=state.prefix,
+            concurrency=cap,
+            lease=self.config.lease if self.config else 30.0,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "subject": self.subject,
+            "label": self.label,
+            "rules": [r.text for r in self.config.rules] if self.config else None,
+            "algorithm": self.config.algorithm if self.config else None,
+            "concurrency": self.config.concurrency if self.config else None,
+            "tasks": list(self.tasks),
+        }
