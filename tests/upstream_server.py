@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -80,6 +82,19 @@ class Upstream:
                     index = math.floor(t / self.window)
                     out[index] = out.get(index, 0) + 1
         return out
+
+
+def get(url: str) -> None:
+    """Call the upstream as a task would; a 429 or 503 becomes a Backoff read from its
+    headers."""
+    from governor.celery import Backoff
+
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (429, 503):
+            raise Backoff.from_response(exc) from None
+        raise
 
 
 @contextmanager

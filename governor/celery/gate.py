@@ -65,14 +65,15 @@ class Gate:
         self.app = app
         self.settings = settings
         self.store = Store(settings)
-        self.calls = Calls(app, settings, LiveView(lambda: self.store.client, settings))
+        self.live = LiveView(lambda: self.store.client, settings)
+        self.calls = Calls(app, settings, self.live)
         self.handover = Handover(app)
         self.decider = Decider(settings, self.store, self.handover.publish)
         self.republisher = Republisher(app, settings, self.store, self.handover)
         self.waiting = Waiting(settings, self.store, self.republisher)
         self.holding = Holding(self.calls, self.store, self.handover)
         self.early = EarlyDeferral(self.calls, self.decider, self.republisher, self.waiting)
-        self.pausing = Pausing(settings, self.store, self.decider, self.republisher)
+        self.pausing = Pausing(settings, self.store, self.decider, self.republisher, self.live)
         self.shadow = Shadow(self.store)
 
     # -- what others use ---------------------------------------------------------------------

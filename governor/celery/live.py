@@ -30,6 +30,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..errors import ConfigError
+from .adaptive import Factor, read_factors, scaled
 from .limits import LimitSpec
 from .settings import LimitConfig, Settings, limit_config
 
@@ -117,6 +118,8 @@ class LiveView:
         self.settings = settings
         self.refresh = refresh
         self.configs: dict[str, LimitConfig] = {}
+        self.factors: dict[str, Factor] = {}
+        """Adaptive limits' factors by label (see :mod:`.adaptive`)."""
         self._version: bytes | None = None
         self._checked = -float("inf")
         self._lock = threading.Lock()
@@ -124,10 +127,21 @@ class LiveView:
     def apply(self, specs: list[LimitSpec]) -> list[LimitSpec]:
         if time.monotonic() - self._checked >= self.refresh:
             self._look()
-        configs = self.configs
-        if not configs:
+        configs, factors = self.configs, self.factors
+        if not configs and not factors:
             return specs
-        return [replace(s, config=configs[s.label]) if s.label in configs else s for s in specs]
+        out = []
+        for spec in specs:
+            config = configs.get(spec.label, spec.config)
+            factor = factors.get(spec.label) if config.adaptive else None
+            if factor is not None:
+                config = scaled(config, factor.at(time.time(), self.settings.adaptive_rise))
+            out.append(spec if config is spec.config else replace(spec, config=config))
+        return out
+
+    def changed(self) -> None:
+        """Look again at the next call (this process just changed something)."""
+        self._checked = -float("inf")
 
     def _look(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -154,6 +168,7 @@ class LiveView:
                     "governor: live limits: %s",
                     ", ".join(f"{k} = {v.text}" for k, v in sorted(configs.items())) or "none",
                 )
+            self.factors = read_factors(live.client, self.settings.prefix)
             self.configs, self._version = configs, version
         except RedisError as exc:  # keep what was known; the decision itself will tell
             logger.debug("governor: could not read live limits: %s", exc)

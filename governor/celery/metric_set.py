@@ -29,6 +29,9 @@ metric                                      type       labels                  c
                                                                                ``Backoff``
 ``governor_shadow_denied_total``            counter    ``limit``, ``rule``     calls a shadow
                                                                                limit would defer
+``governor_adaptive_decreases_total``       counter    ``limit``               adaptive rates
+                                                                               lowered
+``governor_adaptive_factor``                gauge      ``limit``               the last one
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -187,6 +190,20 @@ class Metrics:
             registry=registry,
         )
 
+        self.adaptive_decreases = Counter(
+            "governor_adaptive_decreases",
+            "Times an adaptive limit's rate was lowered after a Backoff.",
+            ["limit"],
+            registry=registry,
+        )
+        self.adaptive_factor = Gauge(
+            "governor_adaptive_factor",
+            "An adaptive limit's factor after its last decrease (it climbs back with time).",
+            ["limit"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+
     def all(self) -> list[Any]:
         return [
             self.admitted,
@@ -202,6 +219,8 @@ class Metrics:
             self.slots_lost,
             self.pauses,
             self.shadow_denied,
+            self.adaptive_decreases,
+            self.adaptive_factor,
         ]
 
 
@@ -283,6 +302,12 @@ def _shadow_denied(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
     ).inc()
 
 
+def _adapted(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    label = str(kw.get("limit") or "unknown")
+    m.adaptive_decreases.labels(label).inc()
+    m.adaptive_factor.labels(label).set(float(kw.get("factor") or 0.0))
+
+
 UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.task_admitted, _admitted),
     (signals.task_deferred, _deferred),
@@ -294,5 +319,6 @@ UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.slot_lost, _slot_lost),
     (signals.limit_paused, _paused),
     (signals.shadow_denied, _shadow_denied),
+    (signals.limit_adapted, _adapted),
 ]
 """Which signal updates which metrics (receivers: :mod:`.metrics`)."""

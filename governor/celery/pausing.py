@@ -18,11 +18,13 @@ import logging
 
 from ..errors import StorageUnavailable
 from . import signals
+from .adaptive import decrease
 from .backoff import LIMIT_KINDS, Backoff
 from .calls import Call
 from .decide import Outcome
 from .decider import Decider
 from .limits import LimitSpec
+from .live import LiveView
 from .republish import Republisher
 from .settings import Settings
 from .store import Store
@@ -60,8 +62,14 @@ class Pausing:
     """The gate's step for a body that raised Backoff."""
 
     def __init__(
-        self, settings: Settings, store: Store, decider: Decider, republisher: Republisher
+        self,
+        settings: Settings,
+        store: Store,
+        decider: Decider,
+        republisher: Republisher,
+        live: LiveView | None = None,
     ) -> None:
+        self.live = live
         self.settings = settings
         self.store = store
         self.decider = decider
@@ -119,6 +127,8 @@ class Pausing:
                 call.name,
                 exc,
             )
+            if spec.config.adaptive:
+                self._adapt(call, spec, paused.seconds)
             signals.limit_paused.send(
                 sender=call.task,
                 request=call.request,
@@ -139,3 +149,14 @@ class Pausing:
             outcome = Outcome(False, delay=max(0.0, until - (now or until)), now=now)
         call.state.slots = None  # bookings it held were used by the run that got the answer
         return self.republisher.republish(call, outcome, label)
+
+    def _adapt(self, call: Call, spec: LimitSpec, pause: float) -> None:
+        """An adaptive limit: lower its rate (once per overload; see :mod:`.adaptive`)."""
+        factor, changed = decrease(self.store.client, self.settings, spec.label, pause)
+        if changed:
+            logger.warning("governor: %s adapts to %.0f%% of its rules", spec.label, 100 * factor)
+            signals.limit_adapted.send(
+                sender=call.task, request=call.request, limit=spec.label, factor=factor
+            )
+            if self.live is not None:
+                self.live.changed()

@@ -31,6 +31,9 @@ setting                        meaning (default)
 ``governor_backoff_max``       longest such pause, seconds (300.0)
 ``governor_max_pause``         longest pause an upstream may ask for; longer ones are cut to it
                                with a warning (3600.0)
+``governor_adaptive_decrease`` an adaptive limit's rate is multiplied by this at a Backoff (0.7)
+``governor_adaptive_rise``     and climbs back by this fraction of its rules each second (0.02)
+``governor_adaptive_floor``    never below this fraction of its rules (0.05)
 ``governor_metrics_port``      serve Prometheus metrics on this port (None: off)
 ``governor_metrics_addr``      address for the metrics server ("0.0.0.0")
 =============================  ==========================================================
@@ -48,33 +51,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..algorithms import get_algorithm
-from ..caps import Cap
-from ..errors import ConfigError, GovernorError
-from ..rules import Rule, parse_rules
+from ..errors import ConfigError
+from .limit_config import LimitConfig, limit_config
 
-__all__ = ["LimitConfig", "Settings", "load_settings"]
+__all__ = ["LimitConfig", "Settings", "limit_config", "load_settings"]
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-@dataclass(frozen=True, slots=True)
-class LimitConfig:
-    """One configured limit: its rules (maybe none) and its concurrency cap (maybe none)."""
-
-    rules: tuple[Rule, ...]
-    algorithm: str
-    concurrency: int | None = None
-    lease: float = 30.0
-    """Seconds a concurrency slot outlives its holder's last renewal."""
-    shadow: bool = False
-    """Count and log what the limit would deny, but deny nothing (a trial on real traffic)."""
-
-    @property
-    def text(self) -> str:
-        parts = [r.text for r in self.rules]
-        if self.concurrency is not None:
-            parts.append(f"{self.concurrency} at once")
-        return ", ".join(parts) + (" (shadow)" if self.shadow else "")
 
 
 LEAD = 0.2
@@ -109,6 +91,9 @@ class Settings:
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     max_pause: float = 3600.0
+    adaptive_decrease: float = 0.7
+    adaptive_rise: float = 0.02
+    adaptive_floor: float = 0.05
 
     @property
     def lead(self) -> float:
@@ -125,40 +110,6 @@ class Settings:
         return self.redis_url
 
 
-def limit_config(
-    value: Any, default_algorithm: str, where: str, lease: float = 30.0
-) -> LimitConfig:
-    """Parse one configured limit; errors name ``where`` (e.g. "governor_queues['emails']")."""
-    algorithm = default_algorithm
-    rules = value
-    concurrency = None
-    shadow = False
-    if isinstance(value, Mapping):
-        unknown = set(value) - {"rules", "algorithm", "concurrency", "shadow"}
-        if unknown or not ("rules" in value or "concurrency" in value):
-            raise ConfigError(
-                f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log', "
-                f"'concurrency': 5, 'shadow': False}} (rules, a concurrency cap, or both), "
-                f"got {value!r}"
-            )
-        rules = value.get("rules")
-        algorithm = value.get("algorithm", default_algorithm)
-        concurrency = value.get("concurrency")
-        shadow = value.get("shadow", False)
-        if not isinstance(shadow, bool):
-            raise ConfigError(f"{where}: shadow must be True or False, got {shadow!r}")
-        if shadow and (concurrency is not None or rules is None):
-            raise ConfigError(f"{where}: shadow mode tries rules; a concurrency cap cannot be one")
-    try:
-        parsed = () if rules is None else parse_rules(rules)
-        get_algorithm(algorithm).check(parsed)
-        if concurrency is not None:
-            Cap.make(concurrency, lease)
-    except GovernorError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    return LimitConfig(parsed, get_algorithm(algorithm).name, concurrency, lease, shadow)
-
-
 def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float = 0.0) -> Any:
     if value is None and allow_none:
         return None
@@ -166,6 +117,13 @@ def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float 
         raise ConfigError(f"{where} must be a number of seconds, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{where} must be at least {minimum}, got {value!r}")
+    return float(value)
+
+
+def fraction(value: Any, name: str) -> float:
+    """A number in (0, 1): ``governor_adaptive_<name>``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"governor_adaptive_{name} must be a number in (0, 1), got {value!r}")
     return float(value)
 
 
@@ -272,4 +230,7 @@ def load_settings(conf: Any) -> Settings:
         backoff_base=backoff_base,
         backoff_max=backoff_max,
         max_pause=seconds(get("governor_max_pause", 3600.0), "governor_max_pause", minimum=1.0),
+        adaptive_decrease=fraction(get("governor_adaptive_decrease", 0.7), "decrease"),
+        adaptive_rise=fraction(get("governor_adaptive_rise", 0.02), "rise"),
+        adaptive_floor=fraction(get("governor_adaptive_floor", 0.05), "floor"),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "limit_adapted",
     "limit_paused",
     "shadow_denied",
     "slot_acquired",
@@ -66,6 +67,10 @@ limit_paused = Signal(
 worker until ``until`` (Unix seconds, Redis's clock), ``seconds`` from now. ``level``: how many
 exponential pauses in a row (0 for a pause the upstream timed). ``until`` may be later than
 asked: a longer pause or block was already in place."""
+
+limit_adapted = Signal(name="governor.limit_adapted", providing_args={"request", "limit", "factor"})
+"""An adaptive limit's rate was lowered after a Backoff: it now allows ``factor`` (0 to 1) of
+its rules, climbing back with time (see :mod:`governor.celery.adaptive`)."""
 
 shadow_denied = Signal(
     name="governor.shadow_denied", providing_args={"request", "limit", "rule", "delay"}

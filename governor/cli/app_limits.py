@@ -3,6 +3,7 @@ the configured ones they name: what status, inspect, top and ``limits`` show for
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,27 @@ def app_limits(state: State, live: bool = True) -> list[LimitEntry]:
     if "live" not in state.cache:
         state.cache["live"] = _live_configs(state)
     found = state.cache["live"]
-    return [replace(e, config=found[e.label]) if e.label in found else e for e in entries]
+    entries = [replace(e, config=found[e.label]) if e.label in found else e for e in entries]
+    if any(e.config is not None and e.config.adaptive for e in entries):
+        entries = _adapted(state, entries)
+    return entries
+
+
+def _adapted(state: State, entries: list[LimitEntry]) -> list[LimitEntry]:
+    """Adaptive limits as workers see them now: their rules scaled by their factor."""
+    from ..celery.adaptive import read_factors, scale_rules
+
+    rise = settings_of(state.app).adaptive_rise
+    factors = read_factors(state.client, state.prefix)
+    out = []
+    for e in entries:
+        factor = factors.get(e.label)
+        if e.config is not None and e.config.adaptive and factor is not None:
+            f = factor.at(time.time(), rise)
+            config = replace(e.config, rules=scale_rules(e.config.rules, f), factor=f)
+            e = replace(e, config=config)
+        out.append(e)
+    return out
 
 
 def _live_configs(state: State) -> dict[str, Config]:
@@ -71,6 +92,7 @@ def _config(config: Any) -> Config:
         config.concurrency,
         float(config.lease),
         bool(getattr(config, "shadow", False)),
+        adaptive=bool(getattr(config, "adaptive", False)),
     )
 
 

@@ -27,6 +27,9 @@ class Config:
     shadow: bool = False
     live: bool = False
     """Set live (``governor limits set``), replacing the configuration."""
+    adaptive: bool = False
+    factor: float = 1.0
+    """An adaptive limit's factor now: ``rules`` are already scaled by it."""
 
     @property
     def text(self) -> str:
@@ -34,7 +37,9 @@ class Config:
         if self.concurrency is not None:
             parts.append(f"{self.concurrency} at once")
         marks = [m for m, on in (("shadow", self.shadow), ("live", self.live)) if on]
-        return ", ".join(parts) + (f" ({', '.join(marks)})" if marks else "")
+        if self.adaptive:
+            marks.append(f"adaptive, {self.factor:.0%} of its rules now")
+        return ", ".join(parts) + (f" ({'; '.join(marks)})" if marks else "")
 
 
 @dataclass(frozen=True)
