@@ -70,6 +70,12 @@ def test_a_live_change_reaches_the_worker_within_a_second(redis_server: ServerHa
         rec.add(n=n)
 
     live = LiveLimits(governor.gate.client, governor.settings.prefix)
+    picked: list[Any] = []
+
+    def receive(sender: Any = None, labels: Any = None, **_: Any) -> None:
+        picked.append(labels)
+
+    signals.live_limits_changed.connect(receive, weak=False)
     with worker(app, [q], concurrency=4):
         for n in range(10):  # a second under the configuration
             job.delay(n)
@@ -85,6 +91,8 @@ def test_a_live_change_reaches_the_worker_within_a_second(redis_server: ServerHa
     after = [r["t"] for r in runs if r["t"] >= changed + REFRESH]
     assert most_in_a_second(before) >= 8  # 10/s went through before the change
     assert after and most_in_a_second(after) <= 4, sorted(after)
+    signals.live_limits_changed.disconnect(receive)
+    assert [f"queue:{q}"] in picked  # the worker's process picked the change up, once
     live.reset(f"queue:{q}")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..errors import ConfigError
+from . import signals
 from .adaptive import Factor, read_factors, scaled
 from .limits import LimitSpec
 from .settings import LimitConfig, Settings, limit_config
@@ -167,6 +168,13 @@ class LiveView:
                 logger.info(
                     "governor: live limits: %s",
                     ", ".join(f"{k} = {v.text}" for k, v in sorted(configs.items())) or "none",
+                )
+                changed = {k for k in configs.keys() | self.configs.keys()}
+                changed -= {k for k in changed if configs.get(k) == self.configs.get(k)}
+                signals.live_limits_changed.send(
+                    sender=None,
+                    labels=sorted(changed),
+                    limits={k: v.text for k, v in configs.items()},
                 )
             self.factors = read_factors(live.client, self.settings.prefix)
             self.configs, self._version = configs, version

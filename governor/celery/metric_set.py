@@ -32,6 +32,8 @@ metric                                      type       labels                  c
 ``governor_adaptive_decreases_total``       counter    ``limit``               adaptive rates
                                                                                lowered
 ``governor_adaptive_factor``                gauge      ``limit``               the last one
+``governor_live_changes_total``             counter    ``limit``               live changes a
+                                                                               process picked up
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -204,6 +206,13 @@ class Metrics:
             registry=registry,
         )
 
+        self.live_changes = Counter(
+            "governor_live_changes",
+            "Changes of a live limit picked up by a worker process.",
+            ["limit"],
+            registry=registry,
+        )
+
     def all(self) -> list[Any]:
         return [
             self.admitted,
@@ -221,6 +230,7 @@ class Metrics:
             self.shadow_denied,
             self.adaptive_decreases,
             self.adaptive_factor,
+            self.live_changes,
         ]
 
 
@@ -308,6 +318,11 @@ def _adapted(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
     m.adaptive_factor.labels(label).set(float(kw.get("factor") or 0.0))
 
 
+def _live_changed(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    for label in kw.get("labels") or ():
+        m.live_changes.labels(str(label)).inc()
+
+
 UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.task_admitted, _admitted),
     (signals.task_deferred, _deferred),
@@ -320,5 +335,6 @@ UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.limit_paused, _paused),
     (signals.shadow_denied, _shadow_denied),
     (signals.limit_adapted, _adapted),
+    (signals.live_limits_changed, _live_changed),
 ]
 """Which signal updates which metrics (receivers: :mod:`.metrics`)."""

@@ -15,6 +15,7 @@ from celery.utils.dispatch import Signal
 __all__ = [
     "limit_adapted",
     "limit_paused",
+    "live_limits_changed",
     "shadow_denied",
     "slot_acquired",
     "slot_lost",
@@ -71,6 +72,13 @@ asked: a longer pause or block was already in place."""
 limit_adapted = Signal(name="governor.limit_adapted", providing_args={"request", "limit", "factor"})
 """An adaptive limit's rate was lowered after a Backoff: it now allows ``factor`` (0 to 1) of
 its rules, climbing back with time (see :mod:`governor.celery.adaptive`)."""
+
+live_limits_changed = Signal(
+    name="governor.live_limits_changed", providing_args={"labels", "limits"}
+)
+"""This process picked up a change of the live limits (``governor limits set/reset``):
+``labels`` changed; ``limits``: every live limit now, label -> rules text. Sent once per
+process and change, on its next decision."""
 
 shadow_denied = Signal(
     name="governor.shadow_denied", providing_args={"request", "limit", "rule", "delay"}

@@ -1,0 +1,153 @@
+"""Upstream feedback: an HTTP upstream allows fewer calls than the app's rules, and answers the
+rest with 429 + Retry-After. How many 429s, how fast, how long, with and without feedback.
+
+    python bench/upstream.py                       # about a minute and a half on 2 cores
+    python bench/upstream.py --tasks 600 --quota 20 --rules 60/s
+
+Workers: 2 separate ``celery worker`` nodes (prefork, 2 processes each) on a private Redis
+broker; the whole backlog is published at once. The upstream counts calls per fixed second.
+
+429s        answers of 429 the upstream gave (and the share of all its answers)
+throughput  successful calls per second from the first to the last, against the quota
+wall        first call to last success
+retries     Celery retries per task (only the hand-written ``self.retry`` spends them)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from upstream_server import upstream
+
+from common import table
+from governor.embedded import EmbeddedRedis
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    key = f"gu{uuid.uuid4().hex[:8]}"
+    queue = f"q{uuid.uuid4().hex[:6]}"
+    with upstream(args.quota, 1.0) as up:
+        env = {
+            **os.environ,
+            "GU_BROKER": server.url(1),
+            "GU_STORE": server.url(2),
+            "GU_RECORD": server.url(3),
+            "GU_KEY": key,
+            "GU_MODE": mode,
+            "GU_QUEUE": queue,
+            "GU_RULES": args.rules,
+            "GU_URL": up.url,
+            "GU_COUNTDOWN": str(args.countdown),
+            "PYTHONPATH": str(HERE),
+        }
+        logs = Path(tempfile.mkdtemp(prefix="governor-upstream-"))
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "upstream_app",
+                    "worker",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    "2",
+                    "-n",
+                    f"node{i}-{key}@%h",
+                    "-Q",
+                    queue,
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "--loglevel",
+                    "WARNING",
+                ],
+                cwd=HERE,
+                env=env,
+                stdout=(logs / f"node{i}.log").open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for i in range(2)
+        ]
+        record = redis.Redis.from_url(server.url(3))
+        try:
+            time.sleep(3.0)  # let both nodes connect
+            from celery import Celery
+
+            producer = Celery("producer", broker=server.url(1))
+            with producer.producer_or_acquire() as pub:
+                for n in range(args.tasks):
+                    producer.send_task("upstream_app.call", (n,), queue=queue, producer=pub)
+            producer.close()
+            deadline = time.monotonic() + args.timeout
+            while record.llen(f"{key}:done") < args.tasks and time.monotonic() < deadline:
+                time.sleep(0.2)
+            done = [json.loads(x) for x in record.lrange(f"{key}:done", 0, -1)]
+            log = list(up.log)
+        finally:
+            for proc in procs:
+                os.killpg(proc.pid, signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+    refused = sum(1 for _, s in log if s == 429)
+    first = min(t for t, _ in log) if log else 0.0
+    last = max(d[0] for d in done) if done else first
+    wall = last - first
+    return {
+        "done": f"{len({d[1] for d in done})}/{args.tasks}",
+        "429s": f"{refused} ({refused / max(1, len(log)):.0%})",
+        "throughput": f"{len(done) / wall:.1f}/s of {args.quota}/s" if wall else "-",
+        "wall": f"{wall:.1f} s (ideal {args.tasks / args.quota:.1f} s)",
+        "retries": f"{sum(d[2] for d in done) / max(1, len(done)):.2f}",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--quota", type=int, default=10, help="the upstream's calls per second")
+    parser.add_argument("--rules", default="40/s", help="the app's rules (a guess, too high)")
+    parser.add_argument("--countdown", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=180.0)
+    args = parser.parse_args()
+    rows = []
+    with EmbeddedRedis() as server:
+        for name, mode in (
+            ("self.retry(countdown) on 429", "retry"),
+            ("Backoff", "backoff"),
+            ("Backoff + adaptive", "adaptive"),
+        ):
+            r = run(server, mode, args)
+            print(f"{name}: {r}", flush=True)
+            rows.append([name, r["done"], r["429s"], r["throughput"], r["wall"], r["retries"]])
+    print(
+        f"\n{args.tasks} calls, upstream allowing {args.quota}/s (429 + Retry-After beyond), "
+        f"app rules {args.rules}, 2 nodes x 2 prefork processes:\n"
+    )
+    print(table(["scenario", "done", "429s", "throughput", "wall", "retries/task"], rows))
+
+
+if __name__ == "__main__":
+    main()
