@@ -55,3 +55,32 @@ def test_a_429_pauses_every_node(nodes: Any) -> None:
     # (one per pool process), and one admitted in the moment before the pause is written
     assert max(refused.values(), default=0) <= 4 + 2, refused
     assert statuses.count(429) <= 60 // 2, statuses
+
+
+def test_a_live_change_reaches_every_node_within_a_second(nodes: Any, redis_server: Any) -> None:
+    import time
+
+    import redis
+
+    from governor.celery.live import REFRESH, LiveLimits
+
+    queue = f"lv-{uuid.uuid4().hex[:6]}"
+    prefix = f"gt{uuid.uuid4().hex[:8]}"
+    group = nodes({queue: "100/s"}, conf={"governor_prefix": prefix})
+    group.start(2, concurrency=2, queues=[queue])
+    for _ in range(10):  # a second at 10/s under the configuration
+        group.publish(queue, 1)
+        time.sleep(0.1)
+    live = LiveLimits(redis.Redis.from_url(redis_server.url(2)), prefix)
+    changed = time.time()
+    live.set(f"queue:{queue}", {"rules": "3/s"}, "test")
+    for _ in range(20):  # two seconds at 10/s under the live limit
+        group.publish(queue, 1)
+        time.sleep(0.1)
+    runs = wait_for(group.runs, lambda r: len(r) >= 30, timeout=60)
+    assert len(runs) == 30 and not group.failures()
+    after = sorted(r["t"] for r in runs if r["t"] >= changed + REFRESH)
+    most = max(sum(1 for t in after[i:] if t < s + 1.0) for i, s in enumerate(after))
+    print(f"\nafter a live change to 3/s: at most {most} starts in a second on 2 nodes")
+    assert most <= 3, after
+    assert len({r["node"] for r in runs}) == 2
