@@ -147,6 +147,15 @@ class Governor:
             getattr(t, "governor_concurrency", None) is not None for t in self.app.tasks.values()
         )
 
+    @property
+    def uses_fairness(self) -> bool:
+        """Whether any limit of the app is fair (its workers then run a fair dispatcher)."""
+        settings = self.settings
+        configured = list(settings.queues.values()) + list(settings.tasks.values())
+        return any(c.fair_by is not None for c in configured) or any(
+            getattr(t, "governor_fair_by", None) is not None for t in self.app.tasks.values()
+        )
+
     def _has_task_limits(self) -> bool:
         return any(
             getattr(t, "governor_limit", None) is not None

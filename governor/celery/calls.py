@@ -8,9 +8,10 @@ depend on the arguments (a task's options, the limits of each task and route). A
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .fair_tenants import tenant_of
 from .limits import (
     LimitSpec,
     call_with_arguments,
@@ -143,6 +144,13 @@ class Calls:
     ) -> Call:
         """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
         every = self.specs(task, request, args, kwargs)
+        if any(s.config.fair_by is not None for s in every):
+            every = [
+                s
+                if s.config.fair_by is None
+                else replace(s, tenant=tenant_of(task, request, s, args, kwargs))
+                for s in every
+            ]
         specs = [s for s in every if not s.config.shadow]
         shadows = [s for s in every if s.config.shadow]
         cost = self.cost(task, args, kwargs) if every else 0

@@ -66,7 +66,9 @@ class Decider:
         who: Who | None,
         handed: Handed,
     ) -> Outcome:
-        if not all(lim.books for lim, _ in limiters):
+        fair = any(spec.config.fair_by is not None for _, spec in limiters)
+        if fair or not all(lim.books for lim, _ in limiters):
+            # a fair limit books nothing ahead: its waiting calls queue by tag (.fairness)
             return acquire_all(limiters, cost, who, handed)
         if state.slots:
             settings = self.settings

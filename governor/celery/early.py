@@ -78,9 +78,13 @@ class EarlyDeferral:
         if opts.key_config is None and not callable(opts.cost):
             # the usual case: decide from the cached hint before decoding anything
             specs = calls.fixed_specs(task, req.delivery_info)
+            if any(s.config.fair_by is not None for s in specs):
+                return False  # fair limits queue their calls in the pool (see .fairness)
             if not specs or not self.known_denied(specs, opts.cost, holder):
                 return False
         call = calls.call(task, req._context, tuple(req.args), dict(req.kwargs))
+        if any(s.config.fair_by is not None for s in call.specs):
+            return False
         if not call.specs or not self.known_denied(call.specs, call.cost, holder):
             return False
         if req.revoked():  # revoked or expired: Celery's own dispatch discards it

@@ -18,6 +18,9 @@ not denied again. Otherwise it is re-published after the exact ``retry_after``.
    (:mod:`.holding`); denied: it is re-published to wait (:mod:`.republish`), or waits in a
    full cap's line (:mod:`.waiting`).
 
+Under a fair limit (``fair_by``) a denied call waits in the limit's fair queue instead of booking
+(:mod:`.fairness`), and comes back through a dispatcher (:mod:`.fair_dispatch`).
+
 A body that raises :class:`~.backoff.Backoff` comes back through :meth:`Gate.back_off`: its limit
 is paused for every worker and it waits behind the pause (:mod:`.pausing`).
 """
@@ -40,6 +43,7 @@ from .calls import Call, Calls, TaskOptions
 from .decide import Outcome, Who
 from .decider import Decider, too_long, waited
 from .early import EarlyDeferral
+from .fairness import Fairness, fair_spec
 from .handover import Handover
 from .holding import Holding, holder_info
 from .leases import Leases
@@ -75,6 +79,7 @@ class Gate:
         self.early = EarlyDeferral(self.calls, self.decider, self.republisher, self.waiting)
         self.pausing = Pausing(settings, self.store, self.decider, self.republisher, self.live)
         self.shadow = Shadow(self.store)
+        self.fairness = Fairness(settings, self.store, self.republisher)
 
     # -- what others use ---------------------------------------------------------------------
 
@@ -120,8 +125,8 @@ class Gate:
         if not call.specs and not call.shadows and call.state.parked is None:
             return None
         try:
-            if not self._first_copy(call):
-                return Duplicate(f"governor: second copy of parked task {call.state.parked}")
+            if not self._first_copy(call) or not self.fairness.claim(call):
+                return Duplicate(f"governor: a second copy of {call.name}")
             deferred = self._decide(call) if call.specs else None
         except StorageUnavailable as exc:
             return self._unavailable(call, exc)
@@ -149,6 +154,10 @@ class Gate:
                 return None
             label = outcome.spec.label if outcome.spec else "governor"
             self._check_wait(call, outcome, label)
+            fair = fair_spec(call)
+            decision = outcome.decision
+            if fair is not None and outcome.spec == fair and decision and decision.rule:
+                return self.fairness.wait(call, outcome, fair)  # a rate: wait in its queue
             if outcome.decision is None or outcome.decision.capped is None:
                 return self.republisher.republish(call, outcome, label)
             call.state.slots = None  # a full cap gave the bookings back

@@ -30,6 +30,17 @@ class LimitConfig:
     adaptive: bool = False
     """Lower the rules' rates when the upstream pushes back (Backoff), raise them back while
     it does not (AIMD; see governor.celery.adaptive)."""
+    fair_by: Any = None
+    """Share the limit fairly between tenants: a task argument's name, or a callable getting the
+    task's arguments by name (see governor.celery.fairness); None: first come, first served."""
+    weights: tuple[tuple[str, float], ...] = ()
+    """Tenants' weights (default 1), as sorted pairs."""
+
+    def weight(self, tenant: str) -> float:
+        for name, w in self.weights:
+            if name == tenant:
+                return w
+        return 1.0
 
     @property
     def text(self) -> str:
@@ -48,8 +59,18 @@ def limit_config(
     rules = value
     concurrency = None
     shadow = adaptive = False
+    fair_by: Any = None
+    weights: tuple[tuple[str, float], ...] = ()
     if isinstance(value, Mapping):
-        unknown = set(value) - {"rules", "algorithm", "concurrency", "shadow", "adaptive"}
+        unknown = set(value) - {
+            "rules",
+            "algorithm",
+            "concurrency",
+            "shadow",
+            "adaptive",
+            "fair_by",
+            "weights",
+        }
         if unknown or not ("rules" in value or "concurrency" in value):
             raise ConfigError(
                 f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log', "
@@ -67,6 +88,7 @@ def limit_config(
         adaptive = value.get("adaptive", False)
         if not isinstance(adaptive, bool) or (adaptive and rules is None):
             raise ConfigError(f"{where}: adaptive must be True or False, with rules: {adaptive!r}")
+        fair_by, weights = fair_options(value, where, concurrency is not None)
     try:
         parsed = () if rules is None else parse_rules(rules)
         get_algorithm(algorithm).check(parsed)
@@ -75,4 +97,32 @@ def limit_config(
     except GovernorError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     name = get_algorithm(algorithm).name
-    return LimitConfig(parsed, name, concurrency, lease, shadow, adaptive)
+    if fair_by is not None and not parsed:
+        raise ConfigError(f"{where}: fair_by shares rules between tenants: give rules")
+    return LimitConfig(parsed, name, concurrency, lease, shadow, adaptive, fair_by, weights)
+
+
+def fair_options(
+    value: Mapping[str, Any], where: str, capped: bool
+) -> tuple[Any, tuple[tuple[str, float], ...]]:
+    """``fair_by`` and ``weights`` of a limit's mapping, checked."""
+    fair_by = value.get("fair_by")
+    if fair_by is not None and not (
+        callable(fair_by) or (isinstance(fair_by, str) and fair_by.isidentifier())
+    ):
+        raise ConfigError(
+            f"{where}: fair_by must be a task argument's name or a callable, got {fair_by!r}"
+        )
+    if fair_by is not None and capped:
+        raise ConfigError(f"{where}: fair_by shares rates; it cannot be combined with a cap yet")
+    raw = value.get("weights") or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: weights must be a mapping tenant -> weight, got {raw!r}")
+    weights = []
+    for tenant, w in raw.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.001 <= w <= 1000:
+            raise ConfigError(f"{where}: weight of {tenant!r} must be 0.001 to 1000, got {w!r}")
+        weights.append((str(tenant), float(w)))
+    if weights and fair_by is None:
+        raise ConfigError(f"{where}: weights need fair_by")
+    return fair_by, tuple(sorted(weights))

@@ -48,6 +48,8 @@ class LimitSpec:
     name: str
     config: LimitConfig
     subject: str
+    tenant: str | None = None
+    """Under a fair limit (``fair_by``), the tenant this call is for."""
 
     @property
     def label(self) -> str:
@@ -70,6 +72,10 @@ def _own_config(task: Any, settings: Settings) -> LimitConfig | None:
         value["rules"] = rules
     if concurrency is not None:
         value["concurrency"] = concurrency
+    fair_by = option(task, "governor_fair_by")
+    if fair_by is not None:
+        value["fair_by"] = fair_by
+        value["weights"] = getattr(task, "governor_weights", None) or {}
     what = "governor_limit" if concurrency is None else "governor_limit/governor_concurrency"
     return limit_config(
         value, settings.algorithm, f"task {task.name!r} {what}", settings.concurrency_lease

@@ -30,6 +30,9 @@ class Governor(Protocol):
     @property
     def uses_caps(self) -> bool: ...
 
+    @property
+    def uses_fairness(self) -> bool: ...
+
 
 _installed: weakref.WeakKeyDictionary[Any, Governor] = weakref.WeakKeyDictionary()
 _factory: Callable[[Any], Governor] | None = None

@@ -1,6 +1,7 @@
 """The releaser: a thread in every worker's main process that re-publishes parked tasks when
 they are nearly due (see :mod:`.parking` for what is parked and why), and sweeps concurrency
-caps whose holders may have died while tasks wait in line (see :mod:`.waiting`)."""
+caps whose holders may have died while tasks wait in line (see :mod:`.waiting`). Its bootstep
+also runs the fair dispatcher where fair limits are configured (:mod:`.fair_dispatch`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import redis
 from celery import bootsteps
 
 from . import parking, registry, signals
+from .fair_dispatch import FairDispatcher
 from .waiting import Sweeper
 
 __all__ = ["Releaser", "ReleaserStep"]
@@ -105,6 +107,7 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.releaser: Releaser | None = None
+        self.dispatcher: FairDispatcher | None = None
 
     def start(self, worker: Any) -> None:
         governor = registry.find(worker.app)
@@ -112,6 +115,9 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
             return
         settings = governor.settings
         gate = governor.gate
+        if governor.uses_fairness:
+            self.dispatcher = FairDispatcher(worker.app, gate.store, settings)
+            self.dispatcher.start()
         sweeper = None
         if governor.uses_caps:
             sweeper = Sweeper(gate.store, gate.handover, settings.prefix)
@@ -133,6 +139,9 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.releaser is not None:
             self.releaser.stop()
             self.releaser = None
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+            self.dispatcher = None
 
     def terminate(self, worker: Any) -> None:
         # StartStopStep.terminate only stops ``self.obj``; a cold shutdown must stop it too.

@@ -50,6 +50,10 @@ class WaitState:
     """The token of the release that published this copy (see ``parking.stamp_release``)."""
     woken: float | None = None
     """When a concurrency slot was handed to this waiting copy (Unix seconds), until it starts."""
+    fair: str | None = None
+    """The fair-queue entry a copy sent on from a fair queue claims on arrival."""
+    tag: float | None = None
+    """Its place in the fair queue (kept if it must wait again)."""
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
@@ -65,6 +69,8 @@ class WaitState:
             parked=raw.get("parked"),
             release=raw.get("release"),
             woken=raw.get("woken"),
+            fair=raw.get("fair"),
+            tag=raw.get("tag"),
         )
 
     def header(self) -> dict[str, Any]:
@@ -76,4 +82,6 @@ class WaitState:
             "parked": self.parked,
             "release": self.release,
             "woken": self.woken,
+            "fair": self.fair,
+            "tag": self.tag,
         }

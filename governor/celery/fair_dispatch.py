@@ -1,0 +1,114 @@
+"""The fair dispatcher: a thread in every worker's main process that sends on the calls waiting
+in fair queues (see :mod:`.fairness`), lowest tag first, as their limit has room.
+
+Every :data:`INTERVAL` seconds, for each fair limit with calls waiting (``<prefix>:{fair}:due``)
+it asks the limit how much room it has now (a peek) and takes that many calls, less those sent
+on and not yet arrived, in one script; then it publishes them. Several workers' dispatchers may
+run at once: a take is atomic, so a call is taken once (and, if its sender dies, taken again
+when its lease runs out, the copy that arrives second being dropped). A limit whose queue has
+been empty for a minute leaves the index.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+from . import parking
+from .fairness import FairQueue, index_key
+from .settings import Settings, limit_config
+from .store import Store
+from .waits import HEADER
+
+__all__ = ["INTERVAL", "FairDispatcher"]
+
+logger = logging.getLogger("governor.celery")
+INTERVAL = 0.05
+"""Seconds between looks while calls wait (each costs a peek and a take per fair limit)."""
+IDLE = 0.5
+"""Seconds between looks at the index while no call waits."""
+FORGET_AFTER = 60.0
+"""A fair limit leaves the index after its queue stayed empty this long."""
+
+
+class FairDispatcher:
+    """Sends on calls from fair queues. One per worker (main process)."""
+
+    def __init__(self, app: Any, store: Store, settings: Settings, batch: int = 200) -> None:
+        self.app = app
+        self.store = store
+        self.settings = settings
+        self.batch = batch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def dispatch_once(self) -> tuple[int, int]:
+        """One look at every fair limit: (calls sent on, calls still waiting)."""
+        client = self.store.client
+        key = index_key(self.settings.prefix)
+        sent = waiting = 0
+        listed: list[tuple[Any, float]] = list(client.zrange(key, 0, -1, withscores=True))  # type: ignore[arg-type]
+        for raw, seen in listed:
+            try:
+                queue = self._queue(raw)
+            except Exception as exc:  # not ours to read: leave it, say so once a look
+                logger.warning("governor: unreadable fair-queue entry %r: %r", raw, exc)
+                continue
+            d = queue.limiter.peek(queue.subject)
+            room = d.remaining if d.allowed else 0
+            left, flying, taken = queue.take(client, max(0, room), self.batch)
+            waiting += left
+            for member, text, tag in taken:
+                sent += self._send(member, text, tag)
+            if left == 0 and flying == 0 and seen < time.time() - FORGET_AFTER:
+                client.zrem(key, raw)
+        return sent, waiting
+
+    def _queue(self, raw: Any) -> FairQueue:
+        desc = json.loads(raw)
+        config = limit_config(
+            {"rules": desc["rules"], "algorithm": desc["algorithm"]},
+            self.settings.algorithm,
+            "fair queue",
+        )
+        return FairQueue(self.store.limiter(str(desc["name"]), config), str(desc["subject"]))
+
+    def _send(self, member: str, text: str, tag: str) -> int:
+        _tenant, _, env = text.partition("\n")
+        try:
+            sig, _due, _env = parking.open_envelope(self.app, env)
+        except Exception as exc:  # unreadable: its lease runs out and it is taken again
+            logger.error("governor: cannot read a fair-queue call %s: %r", member, exc)
+            return 0
+        headers = dict(sig.options.get("headers") or {})
+        carried = dict(headers.get(HEADER) or {})
+        carried["fair"], carried["release"] = member, secrets.token_hex(8)
+        if tag:
+            carried["tag"] = float(tag)
+        headers[HEADER] = carried
+        sig.options["headers"] = headers
+        sig.apply_async()
+        return 1
+
+    def run(self) -> None:
+        pause = IDLE
+        while not self._stop.wait(pause):
+            try:
+                sent, waiting = self.dispatch_once()
+                pause = INTERVAL if waiting or sent else IDLE
+            except Exception as exc:  # Redis or broker trouble: try again soon
+                logger.warning("governor: sending on fair-queue calls failed: %r", exc)
+                pause = IDLE
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="governor-fair", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

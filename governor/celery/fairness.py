@@ -1,0 +1,179 @@
+"""Fair sharing of a limit between tenants: one tenant's flood does not starve the others.
+
+>>> app.conf.governor_queues = {
+...     "reports": {"rules": "20/s, 10000/d", "fair_by": "customer_id",
+...                 "weights": {"enterprise-co": 4}},
+... }
+
+A fair limit books nothing ahead: a call it denies waits in the limit's **fair queue** in Redis,
+placed by a virtual start tag (start-time fair queuing, as Temporal's task-queue fairness):
+``max(V, the tenant's last tag) + cost / weight``, V being the tag of the last call sent on. So
+each tenant's calls follow each other at intervals of cost / weight, and a tenant that arrives
+late starts at V, level with the others' next calls, not behind their backlog; a tenant that
+was idle banks no credit. A dispatcher in every worker (:mod:`.fair_dispatch`) sends on the
+lowest tags as the limit has room, and each arrives to be admitted like any call (it claims its
+entry first, so a second copy is dropped; denied again, it keeps its tag). Within a tenant,
+calls go first come, first served.
+
+Keys, all in the limit's own hash slot (``<prefix>:{<name>:<subject>}:``): ``fq`` the queue
+(ZSET by tag), ``fm`` the messages, ``ft`` tenants' last tags (only tenants ahead of V), ``fv``
+V, ``fn`` calls waiting per tenant, ``fl`` calls sent on and not yet arrived (with a lease),
+``fs``/``fx`` claims. ``<prefix>:{fair}:due`` lists the fair limits with calls waiting. The cost
+of a put, a take or a claim grows with the logarithm of the calls and tenants waiting; idle
+tenants leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..limiter import Limiter
+from ..scripts import plain_script
+from . import signals
+from .calls import Call
+from .decide import Outcome
+from .limits import LimitSpec
+from .parking import eval_script
+from .republish import Republisher
+from .settings import Settings
+from .store import Store
+from .waits import Deferred
+
+__all__ = ["FairQueue", "Fairness", "fair_spec"]
+
+logger = logging.getLogger("governor.celery")
+KEEP_MS = 86_400_000
+"""How long a fair queue's keys live after the last call was put in (refreshed by each)."""
+SENT_LEASE_MS = 10_000
+"""A call sent on and not arrived within this long is sent again (a second copy is dropped)."""
+CLAIMS_MS = 3_600_000
+"""How long an arrival's claim is remembered (a redelivered copy within this long still runs)."""
+
+
+def fair_spec(call: Call) -> LimitSpec | None:
+    """The call's fair limit, if one governs it."""
+    for spec in call.specs:
+        if spec.config.fair_by is not None:
+            return spec
+    return None
+
+
+def index_key(prefix: str) -> str:
+    return f"{prefix}:{{fair}}:due"
+
+
+@dataclass(frozen=True, slots=True)
+class FairQueue:
+    """One fair limit's queue in Redis (a limiter and a subject)."""
+
+    limiter: Limiter
+    subject: str
+
+    def keys(self, *kinds: str) -> list[str]:
+        head = self.limiter.keys(self.subject)[1][: -len("block")]
+        return [head + kind for kind in kinds]
+
+    def put(
+        self, client: Any, member_id: str, tenant: str, step: float, tag: float | None, text: str
+    ) -> tuple[float, int]:
+        keys = self.keys("fq", "fm", "ft", "fv", "fn")
+        args = [member_id, tenant, repr(step), "" if tag is None else repr(tag), text, KEEP_MS]
+        new_tag, waiting = eval_script(client, plain_script("fair_put"), keys, args)
+        return float(new_tag), int(waiting)
+
+    def take(
+        self, client: Any, room: int, most: int
+    ) -> tuple[int, int, list[tuple[str, str, str]]]:
+        """(calls still waiting, calls sent on and not arrived, [(member, "tenant\\nenvelope",
+        tag or "")])."""
+        keys = self.keys("fq", "fm", "ft", "fv", "fn", "fl")
+        reply = eval_script(client, plain_script("fair_take"), keys, [room, SENT_LEASE_MS, most])
+        out = []
+        for i in range(2, len(reply), 3):
+            out.append((_text(reply[i]), _text(reply[i + 1]), _text(reply[i + 2])))
+        return int(reply[0]), int(reply[1]), out
+
+    def claim(self, client: Any, member: str, token: str) -> bool:
+        keys = self.keys("fq", "fm", "ft", "fv", "fn", "fl", "fs", "fx")
+        return bool(
+            eval_script(client, plain_script("fair_claim"), keys, [member, token, CLAIMS_MS])
+        )
+
+    def waiting(self, client: Any) -> dict[str, int]:
+        """Calls waiting per tenant."""
+        raw = client.hgetall(self.keys("fn")[0])
+        return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+
+    def describe(self) -> str:
+        """The index entry: what a dispatcher needs to build the limiter."""
+        lim = self.limiter
+        return json.dumps(
+            {
+                "name": lim.name,
+                "subject": self.subject,
+                "rules": ", ".join(r.text for r in lim.rules),
+                "algorithm": lim.algorithm.name,
+            },
+            sort_keys=True,
+        )
+
+
+class Fairness:
+    """The gate's step for fair limits: queue a denied call; claim a call sent on."""
+
+    def __init__(self, settings: Settings, store: Store, republisher: Republisher) -> None:
+        self.settings = settings
+        self.store = store
+        self.republisher = republisher
+
+    def queue(self, spec: LimitSpec) -> FairQueue:
+        return FairQueue(self.store.limiter(spec.name, spec.config), spec.subject)
+
+    def claim(self, call: Call) -> bool:
+        """A call sent on from a fair queue: True if this copy may go on (the first, or the
+        same copy redelivered)."""
+        state, spec = call.state, fair_spec(call)
+        if state.fair is None:
+            return True
+        if spec is None:  # the limit is no longer fair (changed live): nothing to claim
+            state.fair = None
+            return True
+        first = self.queue(spec).claim(self.store.client, state.fair, state.release or "")
+        state.fair = state.release = None
+        return first
+
+    def wait(self, call: Call, outcome: Outcome, spec: LimitSpec) -> Deferred:
+        """Queue the call in its fair limit's queue; the Deferred is for the caller to raise."""
+        client = self.store.client
+        queue = self.queue(spec)
+        tenant = spec.tenant or ""
+        text, waiting_state = self.republisher.message(call, spec.label)
+        step = call.cost / spec.config.weight(tenant)
+        client.zadd(index_key(self.settings.prefix), {queue.describe(): time.time()})
+        member = f"{call.request.id}:{secrets.token_hex(4)}"
+        tag, waiting = queue.put(client, member, tenant, step, call.state.tag, text)
+        call.state = replace(waiting_state, tag=tag)
+        signals.task_deferred.send(
+            sender=call.task,
+            request=call.request,
+            limit=spec.label,
+            rule=outcome.decision.rule if outcome.decision is not None else None,
+            delay=None,
+            booked=False,
+            blocked=None,
+            fair=tenant,
+        )
+        self.republisher.note(call, spec.label, "fair", 0.0)
+        return Deferred(
+            f"governor: waits in the fair queue of {spec.label} as tenant {tenant!r} "
+            f"(tag {tag:g}, {waiting} waiting)"
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
