@@ -90,3 +90,56 @@ def test_a_late_tenant_is_served_beside_a_flood(redis_server: ServerHandle) -> N
     starts = sorted(r["t"] for r in runs)
     assert all(starts[i + 10] - starts[i] >= 0.99 for i in range(len(starts) - 10))
     assert a[-1] - start < 6.0 + 1.5
+
+
+def test_weights_split_the_quota(redis_server: ServerHandle) -> None:
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    fair = {"rules": "10/s", "fair_by": "customer", "weights": {"A": 3}}
+    app = new_app(redis_server.url(), q, governor_queues={q: fair})
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def report(customer: str, n: int) -> None:
+        rec.add(customer=customer, n=n)
+
+    with worker(app, [q], concurrency=4):
+        for customer in ("A", "B"):
+            for n in range(40):
+                report.delay(customer, n)
+        runs = rec.wait(80, timeout=40)
+    assert len(runs) == 80 and len({(r["customer"], r["n"]) for r in runs}) == 80
+    starts = sorted(runs, key=lambda r: r["t"])
+    first = starts[0]["t"]
+    both = [r for r in starts if first + 1.0 <= r["t"] < first + 5.0]  # both have a backlog
+    a = sum(1 for r in both if r["customer"] == "A")
+    print(f"\nweights 3:1, 4 s with both waiting: A {a}, B {len(both) - a}")
+    assert abs(a / len(both) - 0.75) <= 0.08, (a, len(both))
+
+
+def test_a_tenant_header_wins_and_hostile_tenants_are_bounded(redis_server: ServerHandle) -> None:
+    from governor.celery.fair_tenants import tenant_text
+
+    assert tenant_text("x" * 2_000_000).startswith("sha1:") and len(tenant_text("x" * 300)) == 45
+    assert tenant_text("line\nbreak").startswith("sha1:") and tenant_text(42) == "42"
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    app = new_app(redis_server.url(), q, governor_queues={q: {"rules": "2/s", "fair_by": "who"}})
+    governor = Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def job(who: str = "", n: int = 0) -> None:
+        rec.add(n=n)
+
+    with worker(app, [q], concurrency=2):
+        for n in range(4):
+            job.apply_async(kwargs={"n": n}, headers={"governor_tenant": "from-header"})
+        job.apply_async(kwargs={"who": "x" * 100_000, "n": 4})
+        runs = rec.wait(5, timeout=20)
+    assert sorted(r["n"] for r in runs) == [0, 1, 2, 3, 4]
+    lim = Limiter(governor.gate.client, "2/s", name="queue", prefix=governor.settings.prefix)
+    keys = [
+        k.decode() for k in governor.gate.client.scan_iter(match=f"{governor.settings.prefix}:*")
+    ]
+    assert all(len(k) < 300 for k in keys)
+    assert lim.usage(q).rules[0].used <= 2
