@@ -89,10 +89,8 @@ class RedisTarget:
                     ],
                     **{**timeouts, **self.params},
                 )
-            except RedisClusterException as exc:  # no startup node answered
-                raise ClientUnavailable(
-                    f"cannot reach the Redis Cluster at {mask_url(self.url)}: {exc}"
-                ) from exc
+            except RedisClusterException as exc:  # no startup node answered (redis-py says so)
+                raise ClientUnavailable(str(exc)) from exc
             return cast(redis.Redis, cluster)
         assert self.factory is not None
         try:

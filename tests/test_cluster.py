@@ -516,7 +516,9 @@ def test_a_celery_app_decides_on_the_cluster(
     governor = Governor(app)
     rec = Recorder(redis_server.url())
 
-    @governor.task("1/m", key=lambda customer, **_: customer, limit_name="per-customer")
+    @governor.task(
+        "1/m", key=lambda customer, **_: customer, limit_name="per-customer", shared=False
+    )
     def job(customer: str, i: int) -> None:
         rec.add(customer=customer, i=i)
 
@@ -572,3 +574,12 @@ def test_cli_and_doctor_on_the_cluster(
 
     plain = _invoke("--redis-url", url, "status")
     assert plain.exit_code == 2 and "set --cluster" in plain.stderr
+    runner = CliRunner(env={"GOVERNOR_REDIS_URL": url, "GOVERNOR_REDIS_CLUSTER": "1"})
+    from_env = runner.invoke(cli, ["--prefix", prefix, "status", "--json"])
+    assert from_env.exit_code == 0 and json.loads(from_env.stdout)["limits"]
+    not_a_cluster = _invoke(
+        "--redis-url", f"redis://127.0.0.1:{free_port()}", "--cluster", "status"
+    )
+    assert not_a_cluster.exit_code == 3 and "Redis Cluster cannot be connected" in (
+        not_a_cluster.stderr
+    )

@@ -313,7 +313,7 @@ def test_cli_with_sentinel_master(sentinel: LocalSentinel, prefix: str) -> None:
     app.conf.governor_prefix = prefix
     assert json.loads(invoke("status", "--json", obj=app).stdout)["limits"]
     refused = invoke("--cluster", "status", obj=app)
-    assert refused.exit_code == 2 and "--cluster apply to --redis-url" in refused.stderr
+    assert refused.exit_code == 2 and "--cluster applies to --redis-url" in refused.stderr
 
 
 def test_doctor_through_sentinel(sentinel: LocalSentinel) -> None:

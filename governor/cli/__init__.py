@@ -100,7 +100,8 @@ def _setup(
         ]
         if flags:
             raise CliError(
-                f"{' and '.join(flags)} apply to --redis-url; without it the Redis of app "
+                f"{' and '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} to "
+                f"--redis-url; without it the Redis of app "
                 f"{app_name!r} is used as its settings say (governor_redis_*)"
             )
     elif redis_url:
