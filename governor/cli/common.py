@@ -153,8 +153,6 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-
-
 # -- the context object -----------------------------------------------------------------------
 
 
