@@ -9,6 +9,7 @@ Tests use an explicit clock unless they are about Redis ``TIME``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -16,16 +17,27 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio.cluster as aiocluster
+from click.testing import CliRunner
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from celery_helpers import Recorder, new_app, wait_for
+from celery_helpers import worker as celery_worker
+from conftest import ServerHandle
 from governor import Decision, Limiter, Rule, aio
+from governor.celery import Governor
+from governor.celery.limit_config import limit_config
+from governor.celery.settings import load_settings
+from governor.celery.store import Store
+from governor.cli import cli
+from governor.direct import lane_for
 from governor.embedded import find_redis_server, free_port, server_command
 from governor.plan import most_in_window
 
@@ -481,3 +493,93 @@ def test_asyncio_cluster_gives_the_same_answers(
             await client.aclose()
 
     asyncio.run(run())
+
+
+# -- governor's settings, the Celery integration, the CLI and doctor on the cluster -----------
+
+
+def test_a_celery_app_decides_on_the_cluster(
+    cluster: LocalCluster, redis_server: ServerHandle
+) -> None:
+    """``governor_redis_cluster``: the Store makes a RedisCluster, and a worker (its broker on
+    the suite's Redis) is governed through it."""
+    nodes = ",".join(f"127.0.0.1:{port}" for port in cluster.ports[:2])  # two are enough
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    app = new_app(
+        redis_server.url(),
+        q,
+        governor_redis_url=f"redis://{nodes}",
+        governor_redis_cluster=True,
+        governor_queues={q: "4/s"},
+        governor_park_after=5.0,
+    )
+    governor = Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @governor.task(
+        "1/m", key=lambda customer, **_: customer, limit_name="per-customer", shared=False
+    )
+    def job(customer: str, i: int) -> None:
+        rec.add(customer=customer, i=i)
+
+    app.finalize()
+    prefix = app.conf.governor_prefix
+    store = Store(load_settings(app.conf))
+    assert isinstance(store.client, RedisCluster) and lane_for(store.client) is None
+    lim = store.limiter("api", limit_config("2/s", "sliding_log", "test", 30.0))
+    for subject in one_subject_per_node(store.client, lim):  # type: ignore[arg-type]
+        assert [lim.acquire(subject, now=T0).allowed for _ in range(3)] == [True, True, False]
+
+    customers = [f"c{i}" for i in range(6)]
+    with celery_worker(app, [q]):
+        for i, customer in enumerate(customers):
+            job.delay(customer, i)
+        job.delay("c0", 99)  # 1/m per customer: a wait longer than park_after (parked)
+        seen = rec.wait(6, timeout=20)
+        parked = wait_for(
+            lambda: store.client.zcard(f"{prefix}:{{parked}}:due"), lambda n: n == 1, timeout=10
+        )
+    assert sorted(r["customer"] for r in seen) == customers
+    assert most_in_window([r["t"] for r in seen], 1.0) <= 4 + 1
+    assert parked == 1  # the one long wait is parked (one slot holds every parked task)
+    per_node = cluster.keys_by_node(f"{prefix}:*")
+    assert sum(1 for keys in per_node.values() if keys) >= 2  # spread over the masters
+
+
+def _invoke(*args: str) -> Any:
+    runner = CliRunner(env={"COLUMNS": "120", "GOVERNOR_REDIS_URL": ""})
+    return runner.invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_cli_and_doctor_on_the_cluster(
+    cluster: LocalCluster, rc: RedisCluster, prefix: str
+) -> None:
+    lim = Limiter(rc, "5/s", name="partner-api", prefix=prefix)
+    subjects = one_subject_per_node(rc, lim)
+    for subject in subjects:
+        lim.acquire(subject)
+    url = f"redis://127.0.0.1:{cluster.ports[0]},127.0.0.1:{cluster.ports[1]}"
+    status = _invoke("--redis-url", url, "--cluster", "--prefix", prefix, "status", "--json")
+    assert status.exit_code == 0, status.output
+    (found,) = json.loads(status.stdout)["limits"]
+    assert found["name"] == "partner-api" and found["subject_count"] == MASTERS
+
+    doctor = _invoke("--redis-url", url, "--cluster", "doctor", "--json")
+    checks = json.loads(doctor.stdout)["checks"]
+    coverage = [c for c in checks if c["check"] == "cluster"]
+    assert len(coverage) == MASTERS and all(c["status"] == "ok" for c in coverage)
+    assert "16384/16384 slots ok" in coverage[0]["detail"]
+    assert [c["status"] for c in checks if c["check"] == "persistence"] == ["FAIL"] * MASTERS
+    assert doctor.exit_code == 1  # no persistence anywhere
+
+    plain = _invoke("--redis-url", url, "status")
+    assert plain.exit_code == 2 and "set --cluster" in plain.stderr
+    runner = CliRunner(env={"GOVERNOR_REDIS_URL": url, "GOVERNOR_REDIS_CLUSTER": "1"})
+    from_env = runner.invoke(cli, ["--prefix", prefix, "status", "--json"])
+    assert from_env.exit_code == 0 and json.loads(from_env.stdout)["limits"]
+    not_a_cluster = _invoke(
+        "--redis-url", f"redis://127.0.0.1:{free_port()}", "--cluster", "status"
+    )
+    assert not_a_cluster.exit_code == 3 and "Redis Cluster cannot be connected" in (
+        not_a_cluster.stderr
+    )

@@ -26,6 +26,8 @@ from typing import Any
 
 from celery import signals as celery_signals
 
+from ..connect import close_client
+from ..deployment import volatile_servers
 from ..errors import ConfigError
 from . import registry
 from .gate import Gate
@@ -190,6 +192,7 @@ class Governor:
             metrics.install(
                 self.app, self.settings.metrics_port, self.settings.metrics_addr, worker=sender
             )
+        self._warn_if_volatile()
         unknown = sorted(set(self.settings.tasks) - set(self.app.tasks))
         if unknown:
             logger.warning(
@@ -200,6 +203,32 @@ class Governor:
             len(installed),
             ", ".join(f"{q}={c.text}" for q, c in self.settings.queues.items()) or "-",
         )
+
+    def _warn_if_volatile(self) -> None:
+        """One WARNING when governor's Redis keeps nothing on disk and has no replica: a restart
+        would lose the parked tasks. Never fails start-up (Redis may be away for now)."""
+        settings = self.settings
+        if settings.redis is None:
+            return
+        try:
+            client = settings.redis.client(
+                socket_timeout=settings.socket_timeout,
+                socket_connect_timeout=settings.socket_timeout,
+            )
+            try:
+                volatile = volatile_servers(client)
+            finally:
+                close_client(client)
+        except Exception as exc:
+            logger.debug("governor: could not check Redis persistence: %s", exc)
+            return
+        if volatile:
+            logger.warning(
+                "governor: Redis %s keeps nothing on disk (no AOF, no RDB save points) and has no "
+                "replica: parked tasks and the waiters of concurrency caps are lost if it "
+                "restarts; see `governor doctor`",
+                ", ".join(check.server for check in volatile),
+            )
 
     def _release_leases(self, **_: Any) -> None:
         """Give back the admissions this process leased and did not use, and the concurrency

@@ -3,7 +3,10 @@
 =============================  ==========================================================
 setting                        meaning (default)
 =============================  ==========================================================
-``governor_redis_url``         Redis for limiter state (the broker URL if it is Redis)
+``governor_redis_url``         Redis for limiter state (the broker URL if it is Redis or
+                               Sentinel); Sentinel and Cluster forms: see .redis_settings
+``governor_redis_...``         ``_transport_options`` (Sentinel ``master_name``), ``_cluster``,
+                               ``_client`` (a client factory): see .redis_settings
 ``governor_prefix``            key prefix ("governor")
 ``governor_algorithm``         default algorithm ("sliding_log")
 ``governor_queues``            {queue: rules} quotas for every task consumed from the queue
@@ -51,12 +54,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..algorithms import get_algorithm
+from ..connect import RedisTarget, target
 from ..errors import ConfigError
 from .limit_config import LimitConfig, limit_config
+from .redis_settings import REDIS_SCHEMES, redis_target
 
-__all__ = ["LimitConfig", "Settings", "limit_config", "load_settings"]
-
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+__all__ = ["REDIS_SCHEMES", "LimitConfig", "Settings", "limit_config", "load_settings"]
 
 
 LEAD = 0.2
@@ -71,6 +74,8 @@ the slot with short sleeps, whose wake-ups are quick, so it lands inside the tol
 @dataclass(frozen=True, slots=True)
 class Settings:
     redis_url: str | None
+    redis: RedisTarget | None = None
+    """How to reach Redis (from ``redis_url`` and its options, or a client factory)."""
     prefix: str = "governor"
     algorithm: str = "sliding_log"
     queues: Mapping[str, LimitConfig] = field(default_factory=dict)
@@ -101,13 +106,15 @@ class Settings:
         ``early_sleep``): every path that sends one (deferral, release, batch) uses it."""
         return min(LEAD, self.early_sleep)
 
-    def require_redis(self) -> str:
+    def require_redis(self) -> RedisTarget:
+        if self.redis is not None:
+            return self.redis
         if not self.redis_url:
             raise ConfigError(
                 "governor needs Redis: set app.conf.governor_redis_url = 'redis://host:6379/1' "
                 "(the broker is not Redis, so it cannot be the default)"
             )
-        return self.redis_url
+        return target(self.redis_url)
 
 
 def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float = 0.0) -> Any:
@@ -130,15 +137,7 @@ def fraction(value: Any, name: str) -> float:
 def load_settings(conf: Any) -> Settings:
     """Read and validate ``governor_*`` from a Celery ``app.conf``."""
     get = conf.get
-    redis_url = get("governor_redis_url")
-    if redis_url is None:
-        broker = get("broker_url") or ""
-        if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
-            redis_url = broker.split(";")[0]
-    elif not isinstance(redis_url, str) or not redis_url.startswith(REDIS_SCHEMES):
-        raise ConfigError(
-            f"governor_redis_url must be a redis://, rediss:// or unix:// URL, got {redis_url!r}"
-        )
+    redis_url, redis = redis_target(get)
     algorithm = get("governor_algorithm") or "sliding_log"
     try:
         algorithm = get_algorithm(algorithm).name
@@ -204,6 +203,7 @@ def load_settings(conf: Any) -> Settings:
         )
     return Settings(
         redis_url=redis_url,
+        redis=redis,
         prefix=prefix,
         algorithm=algorithm,
         queues=table("governor_queues"),

@@ -1,5 +1,9 @@
 """The Redis a process talks to, and its limiters: one client per process (a forked pool
-process makes its own), one :class:`~governor.Limiter` per limit name and configuration."""
+process makes its own), one :class:`~governor.Limiter` per limit name and configuration.
+
+The client is made by :mod:`governor.connect` from the settings (a URL, Sentinel, a Cluster or
+a client factory): every part of the Celery integration (the gate, early deferral, leases,
+parking and the releaser, sweepers, ``submit_batch``, live limits) uses this one."""
 
 from __future__ import annotations
 
@@ -25,8 +29,7 @@ class Store:
     @property
     def client(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
-            self._client = redis.Redis.from_url(
-                self.settings.require_redis(),
+            self._client = self.settings.require_redis().client(
                 socket_timeout=self.settings.socket_timeout,
                 socket_connect_timeout=self.settings.socket_timeout,
             )

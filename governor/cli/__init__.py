@@ -12,9 +12,12 @@
     governor -A proj submit TASK calls.jsonl        book and enqueue a batch (progress bar)
     governor demo [--rules "20/s, 300/m"] [--json]  a local flood across two worker nodes
     governor -A proj limits set queue:emails "20/s"  change a limit for every worker (show, reset)
+    governor doctor [--json]                        deployment checks (exit 1: something is wrong)
 
     governor -A proj status                         limits from a Celery app's configuration
     celery -A proj governor status                  the same, as a Celery sub-command
+    governor --redis-url "sentinel://h1:26379;sentinel://h2:26379/0" --sentinel-master gov status
+    governor --redis-url redis://h1:7000,h2:7000 --cluster status
 
 Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 Redis unreachable (see
 :mod:`governor.cli.common`). Each command lives in its own module, imported on first use;
@@ -28,7 +31,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from .common import DEFAULT_REDIS_URL, GovernorGroup, State
+from .common import DEFAULT_REDIS_URL, CliError, GovernorGroup, State
 
 __all__ = ["COMMANDS", "celery_command", "cli", "main"]
 
@@ -43,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "submit": "submit:submit",
     "demo": "demo:demo",
     "limits": "live:limits",
+    "doctor": "doctor:doctor",
 }
 """Command name -> ``module:attribute`` under ``governor.cli``."""
 
@@ -63,7 +67,14 @@ def _celery_app(obj: Any) -> Any | None:
     return getattr(obj, "app", None)
 
 
-def _setup(ctx: click.Context, redis_url: str | None, prefix: str | None, app: str | None) -> None:
+def _setup(
+    ctx: click.Context,
+    redis_url: str | None,
+    prefix: str | None,
+    app: str | None,
+    sentinel_master: str | None = None,
+    cluster: bool = False,
+) -> None:
     from .apps import load_app, settings_of
 
     celery_app = load_app(app) if app else _celery_app(ctx.obj)
@@ -72,21 +83,42 @@ def _setup(ctx: click.Context, redis_url: str | None, prefix: str | None, app: s
         settings = settings_of(celery_app)
         app_name = str(celery_app.main)
 
-    given = ctx.get_parameter_source("redis_url") == ParameterSource.COMMANDLINE
-    if redis_url and given:
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+    target = None
+    if redis_url and given("redis_url"):
         url, source = redis_url, "--redis-url"
-    elif settings is not None and settings.redis_url:
-        url, source = settings.redis_url, f"app {app_name!r}"
+    elif settings is not None and settings.redis is not None:
+        target = settings.redis
+        url = target.describe() if target.kind == "factory" else target.url
+        source = f"app {app_name!r}"
+        flags = [
+            f
+            for f, name in (("--sentinel-master", "sentinel_master"), ("--cluster", "cluster"))
+            if given(name)
+        ]
+        if flags:
+            raise CliError(
+                f"{' and '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} to "
+                f"--redis-url; without it the Redis of app "
+                f"{app_name!r} is used as its settings say (governor_redis_*)"
+            )
     elif redis_url:
         url, source = redis_url, "GOVERNOR_REDIS_URL"
     else:
         url, source = DEFAULT_REDIS_URL, "the default"
 
-    given = ctx.get_parameter_source("prefix") == ParameterSource.COMMANDLINE
-    if not (prefix and given) and settings is not None:
+    if not (prefix and given("prefix")) and settings is not None:
         prefix = settings.prefix
     ctx.obj = State(
-        redis_url=url, prefix=prefix or "governor", app=celery_app, redis_url_from=source
+        redis_url=url,
+        prefix=prefix or "governor",
+        app=celery_app,
+        redis_url_from=source,
+        sentinel_master=sentinel_master or None,
+        cluster=bool(cluster),
+        target=target,
     )
 
 
@@ -95,11 +127,40 @@ _REDIS_HELP = (
     f"{DEFAULT_REDIS_URL}]"
 )
 _PREFIX_HELP = "key prefix [env GOVERNOR_PREFIX; else the app's governor_prefix; else governor]"
+_MASTER_HELP = (
+    "with a sentinel:// URL (sentinels separated by ';'): the master's name "
+    "[env GOVERNOR_SENTINEL_MASTER]"
+)
+_CLUSTER_HELP = (
+    "the URL lists a Redis Cluster's nodes: redis://h1:7000,h2:7000 [env GOVERNOR_REDIS_CLUSTER]"
+)
+
+
+def _redis_options(command: Any) -> Any:
+    """--redis-url, --sentinel-master, --cluster and --prefix (both entry points)."""
+    for option in reversed(
+        [
+            click.option(
+                "--redis-url", envvar="GOVERNOR_REDIS_URL", metavar="URL", help=_REDIS_HELP
+            ),
+            click.option(
+                "--sentinel-master",
+                envvar="GOVERNOR_SENTINEL_MASTER",
+                metavar="NAME",
+                help=_MASTER_HELP,
+            ),
+            click.option(
+                "--cluster", is_flag=True, envvar="GOVERNOR_REDIS_CLUSTER", help=_CLUSTER_HELP
+            ),
+            click.option("--prefix", envvar="GOVERNOR_PREFIX", help=_PREFIX_HELP),
+        ]
+    ):
+        command = option(command)
+    return command
 
 
 @click.group(cls=GovernorGroup, lazy=COMMANDS, context_settings=CONTEXT, epilog=EPILOG)
-@click.option("--redis-url", envvar="GOVERNOR_REDIS_URL", metavar="URL", help=_REDIS_HELP)
-@click.option("--prefix", envvar="GOVERNOR_PREFIX", help=_PREFIX_HELP)
+@_redis_options
 @click.option(
     "-A",
     "--app",
@@ -108,18 +169,30 @@ _PREFIX_HELP = "key prefix [env GOVERNOR_PREFIX; else the app's governor_prefix;
 )
 @click.version_option(package_name="governor", prog_name="governor")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str | None, prefix: str | None, app: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    redis_url: str | None,
+    sentinel_master: str | None,
+    cluster: bool,
+    prefix: str | None,
+    app: str | None,
+) -> None:
     """Global, exact rate limits for Celery tasks: inspect and steer them in Redis."""
-    _setup(ctx, redis_url, prefix, app)
+    _setup(ctx, redis_url, prefix, app, sentinel_master, cluster)
 
 
 @click.group("governor", cls=GovernorGroup, lazy=COMMANDS, context_settings=CONTEXT, epilog=EPILOG)
-@click.option("--redis-url", envvar="GOVERNOR_REDIS_URL", metavar="URL", help=_REDIS_HELP)
-@click.option("--prefix", envvar="GOVERNOR_PREFIX", help=_PREFIX_HELP)
+@_redis_options
 @click.pass_context
-def celery_command(ctx: click.Context, redis_url: str | None, prefix: str | None) -> None:
+def celery_command(
+    ctx: click.Context,
+    redis_url: str | None,
+    sentinel_master: str | None,
+    cluster: bool,
+    prefix: str | None,
+) -> None:
     """governor's limits for this Celery app (status, inspect, block, top, plan...)."""
-    _setup(ctx, redis_url, prefix, None)
+    _setup(ctx, redis_url, prefix, None, sentinel_master, cluster)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,14 +25,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import click
 import redis
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..connect import Names, RedisTarget, close_client, mask_url, target
 from ..errors import GovernorError, StorageUnavailable
 
 __all__ = [
@@ -153,11 +153,6 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to print)."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
-
-
 # -- the context object -----------------------------------------------------------------------
 
 
@@ -169,6 +164,12 @@ class State:
     prefix: str
     app: Any | None = None
     redis_url_from: str = "default"
+    sentinel_master: str | None = None
+    """``--sentinel-master`` (GOVERNOR_SENTINEL_MASTER): the URL is a Sentinel URL."""
+    cluster: bool = False
+    """``--cluster`` (GOVERNOR_REDIS_CLUSTER): the URL lists a Redis Cluster's nodes."""
+    target: RedisTarget | None = None
+    """The app's way to Redis (with ``-A``, unless --redis-url is given)."""
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
     """Per-invocation memo (e.g. the app's configured limits, read once for every top frame)."""
     _client: redis.Redis | None = field(default=None, repr=False)
@@ -178,31 +179,38 @@ class State:
         """The Celery app's name (``app.main``), or None without an app."""
         return None if self.app is None else str(self.app.main)
 
+    def redis_target(self) -> RedisTarget:
+        """How to reach Redis: the app's, or the URL and flags given (checked, not connected)."""
+        if self.target is not None:
+            return self.target
+        names = Names(
+            url=self.redis_url_from,
+            options="--sentinel-master",
+            cluster="--cluster",
+            master="--sentinel-master NAME (or GOVERNOR_SENTINEL_MASTER)",
+        )
+        options = {"master_name": self.sentinel_master} if self.sentinel_master else None
+        try:
+            return target(self.redis_url, cluster=self.cluster, options=options, names=names)
+        except GovernorError as exc:
+            raise CliError(str(exc)) from None
+
+    def target_kind(self) -> str:
+        """``redis``, ``sentinel``, ``cluster`` or ``factory``."""
+        return self.redis_target().kind
+
     @property
     def client(self) -> redis.Redis:
         """The Redis client, made on first use (``plan`` never makes one)."""
         if self._client is None:
-            parts = urlsplit(self.redis_url)
-            path = parts.path.strip("/")
-            if parts.scheme in ("redis", "rediss") and path and not path.isdigit():
-                raise CliError(
-                    f"bad Redis URL {mask_url(self.redis_url)!r} ({self.redis_url_from}): the "
-                    f"database must be a number, got {path!r} (e.g. redis://localhost:6379/0)"
-                )
-            try:
-                self._client = redis.Redis.from_url(
-                    self.redis_url, socket_connect_timeout=3.0, socket_timeout=10.0
-                )
-            except ValueError as exc:
-                raise CliError(
-                    f"bad Redis URL {mask_url(self.redis_url)!r} ({self.redis_url_from}): {exc}. "
-                    "Use e.g. redis://localhost:6379/0 with --redis-url or GOVERNOR_REDIS_URL"
-                ) from None
+            self._client = self.redis_target().client(
+                socket_connect_timeout=3.0, socket_timeout=10.0
+            )
         return self._client
 
     def close(self) -> None:
         if self._client is not None:
-            self._client.close()
+            close_client(self._client)
             self._client = None
 
 
@@ -231,7 +239,12 @@ def user_errors() -> Iterator[None]:
         yield
     except click.ClickException:
         raise
-    except (StorageUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
+    except (
+        StorageUnavailable,
+        RedisConnectionError,
+        RedisTimeoutError,
+        RedisClusterException,
+    ) as exc:
         raise CliError(_redis_message(exc), EXIT_UNREACHABLE) from None
     except GovernorError as exc:
         # bad input (ConfigError, RuleError, CostError, SubjectError) is a usage error;

@@ -1,0 +1,115 @@
+"""A checked way to reach Redis (:class:`RedisTarget`) and the client it makes; made by
+:func:`governor.connect.target`, which also documents the URL forms."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.sentinel import Sentinel
+
+from .errors import ConfigError, StorageUnavailable
+
+__all__ = ["ClientUnavailable", "RedisTarget", "close_client", "mask_url"]
+
+
+class ClientUnavailable(StorageUnavailable, redis.ConnectionError):
+    """No client could be made: a cluster none of whose startup nodes answered, a factory that
+    raised. Both a Redis error and governor's "not now", so every path that copes with an
+    unreachable Redis (``except RedisError`` or ``except StorageUnavailable``) copes with it."""
+
+
+def mask_url(url: str) -> str:
+    """The URL with every password replaced by ``***`` (safe to print).
+
+    >>> mask_url("sentinel://:pw@a:26379;sentinel://:pw@b:26379/1")
+    'sentinel://:***@a:26379;sentinel://:***@b:26379/1'
+    """
+    return re.sub(r"(://[^:/@;,]*:)[^@/;]*@", r"\1***@", url)
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """A checked way to reach Redis; :meth:`client` makes a client (each call a new one)."""
+
+    kind: Literal["redis", "sentinel", "cluster", "factory"]
+    url: str
+    """The URL as given (the factory's dotted path for ``factory``): print it with mask_url."""
+    nodes: tuple[tuple[str, int], ...] = ()
+    """Sentinels (``sentinel``) or startup nodes (``cluster``)."""
+    params: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    master_name: str | None = None
+    sentinel_kwargs: Mapping[str, Any] | None = field(default=None, compare=False)
+    min_other_sentinels: int = 0
+    factory: Callable[[], Any] | None = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        """Where it connects, without passwords: for messages and ``governor status``."""
+        if self.kind == "factory":
+            return f"client from {self.url}"
+        if self.kind == "sentinel":
+            return f"{mask_url(self.url)} (master {self.master_name!r})"
+        if self.kind == "cluster":
+            return f"{mask_url(self.url)} (cluster)"
+        return mask_url(self.url)
+
+    def client(
+        self, *, socket_timeout: float | None = None, socket_connect_timeout: float | None = None
+    ) -> redis.Redis:
+        """A new client. Raises :class:`ClientUnavailable` for a factory that fails or a
+        cluster none of whose startup nodes answers (other clients connect on first use)."""
+        timeouts = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout,
+        }
+        if self.kind == "redis":
+            return redis.Redis.from_url(self.url, **timeouts)
+        if self.kind == "sentinel":
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                list(self.nodes),
+                min_other_sentinels=self.min_other_sentinels,
+                sentinel_kwargs={**timeouts, **(self.sentinel_kwargs or {})},
+            )
+            assert self.master_name is not None
+            master = sentinel.master_for(  # type: ignore[no-untyped-call]
+                self.master_name, **{**timeouts, **self.params}
+            )
+            return cast(redis.Redis, master)
+        if self.kind == "cluster":
+            try:
+                cluster = RedisCluster(
+                    startup_nodes=[
+                        ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                        for host, port in self.nodes
+                    ],
+                    **{**timeouts, **self.params},
+                )
+            except RedisClusterException as exc:  # no startup node answered (redis-py says so)
+                raise ClientUnavailable(str(exc)) from exc
+            return cast(redis.Redis, cluster)
+        assert self.factory is not None
+        try:
+            made = self.factory()
+        except Exception as exc:
+            raise ClientUnavailable(
+                f"the Redis client factory {self.url} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not callable(getattr(made, "evalsha", None)):
+            raise ConfigError(
+                f"the Redis client factory {self.url} returned {type(made).__name__}, "
+                "not a redis-py client (redis.Redis, a Sentinel master or RedisCluster)"
+            )
+        return cast(redis.Redis, made)
+
+
+def close_client(client: Any) -> None:
+    """Close a client and, for a Sentinel master, its connections to the sentinels."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    client.close()
+    for sentinel in getattr(manager, "sentinels", ()):
+        sentinel.close()
