@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..errors import ConfigError
 from . import signals
@@ -178,7 +178,8 @@ class LiveView:
                 )
             self.factors = read_factors(live.client, self.settings.prefix)
             self.configs, self._version = configs, version
-        except RedisError as exc:  # keep what was known; the decision itself will tell
+        except (RedisError, RedisClusterException) as exc:
+            # keep what was known; the decision itself will tell if Redis is away
             logger.debug("governor: could not read live limits: %s", exc)
         finally:
             self._lock.release()

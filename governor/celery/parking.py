@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 from kombu.serialization import dumps, loads, prepare_accept_content
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..errors import StorageUnavailable
 from ..scripts import LuaScript, plain_script
@@ -69,7 +69,7 @@ def eval_script(client: redis.Redis, script: LuaScript, keys_: list[str], args: 
             return client.evalsha(script.sha, len(keys_), *keys_, *args)
         except NoScriptError:
             return client.eval(script.text, len(keys_), *keys_, *args)
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc
 
 
@@ -135,7 +135,7 @@ def claim_first_delivery(
         pipe.set(key, mark, nx=True, px=SEEN_TTL_MS)
         pipe.get(key)
         first, holder = pipe.execute()
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc
     if first:
         return True

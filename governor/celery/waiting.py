@@ -115,7 +115,10 @@ class Waiting:
             self.store.client.zadd(
                 index_key(self.settings.prefix), {member(lim, subject): round(due * 1000)}, lt=True
             )
-        except redis.RedisError as exc:  # the next queued call or a release tries again
+        except (
+            redis.RedisError,
+            redis.exceptions.RedisClusterException,
+        ) as exc:  # the next queued call or a release tries again
             logger.warning("governor: could not note %s:%s for sweeps: %r", lim.name, subject, exc)
 
 
