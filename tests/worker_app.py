@@ -73,7 +73,13 @@ def upstream(self: Task, n: int) -> None:
     _run(self, n)
 
 
-def _run(task: Task, n: int) -> None:
+@app.task(bind=True, name="worker_app.report")
+def report(self: Task, customer: str, n: int) -> None:
+    """A tenant's call (fair limits: ``fair_by="customer"``)."""
+    _run(self, n, customer=customer)
+
+
+def _run(task: Task, n: int, **extra: Any) -> None:
     started = time.time()
     gov = (task.request.headers or {}).get("governor") or {}
     _record.rpush(
@@ -87,6 +93,7 @@ def _run(task: Task, n: int) -> None:
                 "retries": task.request.retries,
                 "pid": os.getpid(),
                 "node": task.request.hostname,
+                **extra,
             }
         ),
     )

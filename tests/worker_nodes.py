@@ -122,6 +122,16 @@ class Nodes:
                 producer_app.send_task(task, (n,), queue=queue, producer=producer)
         producer_app.close()
 
+    def send(self, queue: str, task: str, calls: list[tuple[Any, ...]]) -> None:
+        """Send one task per argument tuple, as any producer would."""
+        from celery import Celery
+
+        producer_app = Celery("producer", broker=self.env["GT_BROKER"])
+        with producer_app.producer_or_acquire() as producer:
+            for args in calls:
+                producer_app.send_task(task, args, queue=queue, producer=producer)
+        producer_app.close()
+
     def records(self, kind: str) -> list[Any]:
         """What the nodes wrote to ``<key>:<kind>`` (JSON values)."""
         return [json.loads(x) for x in self.record.lrange(f"{self.key}:{kind}", 0, -1)]

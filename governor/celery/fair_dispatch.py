@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -31,8 +32,19 @@ INTERVAL = 0.05
 """Seconds between looks while calls wait (each costs a peek and a take per fair limit)."""
 IDLE = 0.5
 """Seconds between looks at the index while no call waits."""
+PACE = 0.25
+"""A look sends on at most what the limit's slowest rule admits in this many seconds: a window
+that opens all at once is handed out over a few looks, so a tenant arriving meanwhile gets
+its turn in it."""
 FORGET_AFTER = 60.0
 """A fair limit leaves the index after its queue stayed empty this long."""
+
+
+def pace(queue: FairQueue) -> int:
+    """At most this many calls a look (see :data:`PACE`)."""
+    rules = queue.limiter.rules
+    rate = min(r.limit / r.period for r in rules) if rules else 1.0
+    return max(1, math.ceil(rate * PACE))
 
 
 class FairDispatcher:
@@ -59,7 +71,7 @@ class FairDispatcher:
                 logger.warning("governor: unreadable fair-queue entry %r: %r", raw, exc)
                 continue
             d = queue.limiter.peek(queue.subject)
-            room = d.remaining if d.allowed else 0
+            room = min(d.remaining, pace(queue)) if d.allowed else 0
             left, flying, taken = queue.take(client, max(0, room), self.batch)
             waiting += left
             for member, text, tag in taken:

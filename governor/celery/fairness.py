@@ -51,6 +51,8 @@ KEEP_MS = 86_400_000
 """How long a fair queue's keys live after the last call was put in (refreshed by each)."""
 SENT_LEASE_MS = 10_000
 """A call sent on and not arrived within this long is sent again (a second copy is dropped)."""
+IN_USE = 5.0
+"""Seconds a process treats a fair queue as in use after it put a call in or saw one arrive."""
 CLAIMS_MS = 3_600_000
 """How long an arrival's claim is remembered (a redelivered copy within this long still runs)."""
 
@@ -130,6 +132,26 @@ class Fairness:
         self.settings = settings
         self.store = store
         self.republisher = republisher
+        self.busy: dict[tuple[str, str], float] = {}
+        """Fair queues this process saw in use lately (monotonic time until which it trusts
+        it): a new call for one goes straight into it, behind those already waiting."""
+
+    def behind(self, call: Call) -> Deferred | None:
+        """A new call of a fair limit whose queue is in use waits in it at once, so it does
+        not pass the calls queued before it (and costs one script, the put, as a denial
+        would). None: decide as usual."""
+        spec = fair_spec(call)
+        if spec is None or call.state.tag is not None:
+            return None
+        until = self.busy.get((spec.name, spec.subject))
+        if until is None or until < time.monotonic():
+            return None
+        return self.wait(call, Outcome(False), spec)
+
+    def _in_use(self, spec: LimitSpec) -> None:
+        if len(self.busy) > 10_000:
+            self.busy.clear()
+        self.busy[(spec.name, spec.subject)] = time.monotonic() + IN_USE
 
     def queue(self, spec: LimitSpec) -> FairQueue:
         return FairQueue(self.store.limiter(spec.name, spec.config), spec.subject)
@@ -145,6 +167,7 @@ class Fairness:
             return True
         first = self.queue(spec).claim(self.store.client, state.fair, state.release or "")
         state.fair = state.release = None
+        self._in_use(spec)
         return first
 
     def wait(self, call: Call, outcome: Outcome, spec: LimitSpec) -> Deferred:
@@ -158,11 +181,12 @@ class Fairness:
         member = f"{call.request.id}:{secrets.token_hex(4)}"
         tag, waiting = queue.put(client, member, tenant, step, call.state.tag, text)
         call.state = replace(waiting_state, tag=tag)
+        self._in_use(spec)
         signals.task_deferred.send(
             sender=call.task,
             request=call.request,
             limit=spec.label,
-            rule=outcome.decision.rule if outcome.decision is not None else None,
+            rule=outcome.decision.rule if outcome.decision is not None else "fair",
             delay=None,
             booked=False,
             blocked=None,

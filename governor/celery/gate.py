@@ -144,6 +144,9 @@ class Gate:
 
     def _decide(self, call: Call) -> Deferred | None:
         """Admit the call, or send it to wait: for a moment, or in a full cap's line."""
+        queued = self.fairness.behind(call)
+        if queued is not None:
+            return queued
         who = who_for(call)
         for _attempt in range(3):
             outcome = self.decider.decide(call.specs, call.cost, call.state, lease=True, who=who)
