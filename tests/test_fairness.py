@@ -143,3 +143,26 @@ def test_a_tenant_header_wins_and_hostile_tenants_are_bounded(redis_server: Serv
     ]
     assert all(len(k) < 300 for k in keys)
     assert lim.usage(q).rules[0].used <= 2
+
+
+def test_status_shows_who_waits_in_a_fair_queue(redis_server: ServerHandle) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from governor.cli import cli
+
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    app = new_app(redis_server.url(), q, governor_queues={q: {"rules": "5/s", "fair_by": "c"}})
+    governor = Governor(app)
+    lim = governor.gate.store.limiter("queue", governor.settings.queues[q])
+    fq = FairQueue(lim, q)
+    client = governor.gate.client
+    for i in range(3):
+        fq.put(client, f"a{i}", "A", 1.0, None, "{}")
+    fq.put(client, "b0", "B", 1.0, None, "{}")
+    runner = CliRunner(env={"COLUMNS": "200", "GOVERNOR_REDIS_URL": ""})
+    status = runner.invoke(cli, ["status"], obj=app, catch_exceptions=False).stdout
+    assert "5/s (fair)" in status and "4 waiting fairly (A: 3, B: 1)" in status, status
+    shown = runner.invoke(cli, ["inspect", "queue", q, "--json"], obj=app).stdout
+    assert json.loads(shown)["fair_waiting"] == {"A": 3, "B": 1}

@@ -93,6 +93,7 @@ def _config(config: Any) -> Config:
         float(config.lease),
         bool(getattr(config, "shadow", False)),
         adaptive=bool(getattr(config, "adaptive", False)),
+        fair=getattr(config, "fair_by", None) is not None,
     )
 
 

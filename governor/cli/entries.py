@@ -30,6 +30,8 @@ class Config:
     adaptive: bool = False
     factor: float = 1.0
     """An adaptive limit's factor now: ``rules`` are already scaled by it."""
+    fair: bool = False
+    """Shared fairly between tenants (``fair_by``): calls wait in a fair queue."""
 
     @property
     def text(self) -> str:
@@ -39,6 +41,8 @@ class Config:
         marks = [m for m, on in (("shadow", self.shadow), ("live", self.live)) if on]
         if self.adaptive:
             marks.append(f"adaptive, {self.factor:.0%} of its rules now")
+        if self.fair:
+            marks.append("fair")
         return ", ".join(parts) + (f" ({'; '.join(marks)})" if marks else "")
 
 

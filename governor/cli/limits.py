@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..algorithms import ALGORITHMS
 from ..decision import CapUsage, Usage
 from ..keys import escape, parse_key
+from ..limiter import Limiter
 from .app_limits import app_limits, configured_limits
 from .apps import settings_of
 from .common import CliError, State
@@ -61,6 +62,8 @@ class SubjectState:
     """Bookings held; None when the rules (needed to count them) are unknown."""
     cap: CapUsage | None = None
     """Holders and waiters of its concurrency cap, if it has one."""
+    tenants: dict[str, int] | None = None
+    """Under a fair limit: calls waiting in its fair queue, per tenant."""
 
     @property
     def admits(self) -> bool:
@@ -177,7 +180,8 @@ def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState
         lim = entry.limiter(state)
         usage = lim.usage(subject)
         cap = lim.holders(subject) if lim.cap is not None else None
-        return SubjectState(subject, entry.config.algorithm, usage, usage.booked, cap)
+        tenants = fair_waiting(state, lim, subject) if entry.config.fair else None
+        return SubjectState(subject, entry.config.algorithm, usage, usage.booked, cap, tenants)
     algorithm = entry.algorithms[0] if entry.algorithms else None
     # the sliding log's view: blocks are shared by every algorithm; its bookings need no rules
     usage = entry.limiter(state, "sliding_log").usage(subject)
@@ -185,6 +189,12 @@ def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState
     booked = usage.booked if log else None
     usage = replace(usage, rules=(), booked=0, booked_for=usage.booked_for if log else 0.0)
     return SubjectState(subject, algorithm, usage, booked)
+
+
+def fair_waiting(state: State, lim: Limiter, subject: str) -> dict[str, int]:
+    from ..celery.fairness import FairQueue
+
+    return FairQueue(lim, subject).waiting(state.client)
 
 
 def snapshot(

@@ -79,6 +79,12 @@ def state_text(s: SubjectState) -> Text:
         parts.append((f"{cap.held}/{cap.limit} running", style))
         if cap.waiting:
             parts.append((f"{cap.waiting} waiting for a slot", "yellow"))
+    if s.tenants:
+        top = sorted(s.tenants.items(), key=lambda kv: (-kv[1], kv[0]))
+        shown = ", ".join(f"{t or '-'}: {n}" for t, n in top[:3])
+        more = f", +{len(top) - 3} tenants" if len(top) > 3 else ""
+        waiting = sum(s.tenants.values())
+        parts.append((f"{waiting} waiting fairly ({shown}{more})", "yellow"))
     if u.booked_for > 0:
         parts.append((f"booked up to {format_duration(u.booked_for)} ahead", "cyan"))
     elif s.booked:
@@ -185,6 +191,7 @@ def subject_json(s: SubjectState) -> dict[str, Any]:
         "booked": s.booked,
         "booked_for": json_number(u.booked_for),
         "concurrency": cap_json(s.cap) if s.cap is not None else None,
+        "fair_waiting": s.tenants,
         "now": u.now,
     }
 
