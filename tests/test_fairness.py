@@ -166,3 +166,19 @@ def test_status_shows_who_waits_in_a_fair_queue(redis_server: ServerHandle) -> N
     assert "5/s (fair)" in status and "4 waiting fairly (A: 3, B: 1)" in status, status
     shown = runner.invoke(cli, ["inspect", "queue", q, "--json"], obj=app).stdout
     assert json.loads(shown)["fair_waiting"] == {"A": 3, "B": 1}
+
+
+def test_tenant_waits_are_metrics_only_on_request() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from governor.celery import signals
+    from governor.celery.metric_set import Metrics
+    from governor.celery.metric_updates import UPDATES
+
+    admitted = dict((s, f) for s, f in UPDATES)[signals.task_admitted]
+    for tenants in (False, True):
+        registry = CollectorRegistry()
+        m = Metrics(registry=registry, tenants=tenants)
+        admitted(m, None, {"limits": ["queue:q"], "fair": ("queue:q", "acme", 1.5)})
+        text = generate_latest(registry).decode()
+        assert ('tenant="acme"' in text) is tenants

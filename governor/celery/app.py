@@ -190,7 +190,11 @@ class Governor:
                 logger.critical("governor: %s", exc)
                 raise SystemExit(f"governor: governor_metrics_port is set, but {exc}") from exc
             metrics.install(
-                self.app, self.settings.metrics_port, self.settings.metrics_addr, worker=sender
+                self.app,
+                self.settings.metrics_port,
+                self.settings.metrics_addr,
+                worker=sender,
+                tenants=self.settings.metrics_tenants,
             )
         self._warn_if_volatile()
         unknown = sorted(set(self.settings.tasks) - set(self.app.tasks))

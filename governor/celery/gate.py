@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -247,8 +248,17 @@ class Gate:
                 "woken": None,
             }
         labels = [s.label for s in call.specs]
+        spec = fair_spec(call)
+        fair = None
+        if spec is not None and state.since is not None:
+            fair = (spec.label, spec.tenant or "", time.time() - state.since)
         signals.task_admitted.send(
-            sender=call.task, request=request, limits=labels, waits=state.waits, lateness=lateness
+            sender=call.task,
+            request=request,
+            limits=labels,
+            waits=state.waits,
+            lateness=lateness,
+            fair=fair,
         )
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(

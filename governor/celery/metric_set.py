@@ -1,5 +1,5 @@
-"""governor's Prometheus metrics: what each one is, and which signal updates it (installed by
-:mod:`governor.celery.metrics`).
+"""governor's Prometheus metrics: what each one is (installed by :mod:`governor.celery.metrics`;
+which signal updates which: :mod:`governor.celery.metric_updates`).
 
 ==========================================  =========  ======================  =================
 metric                                      type       labels                  counts
@@ -34,6 +34,8 @@ metric                                      type       labels                  c
 ``governor_adaptive_factor``                gauge      ``limit``               the last one
 ``governor_live_changes_total``             counter    ``limit``               live changes a
                                                                                process picked up
+``governor_tenant_wait_seconds``            histogram  ``limit``, ``tenant``   waits under fair
+                                                                               limits (opt in)
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -58,15 +60,11 @@ metric                                      type       labels                  c
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from . import signals
-from .limits import consumed_queue
-
-__all__ = ["DELAY_BUCKETS", "HANDOVER_BUCKETS", "LATENESS_BUCKETS", "UPDATES", "Metrics"]
+__all__ = ["DELAY_BUCKETS", "HANDOVER_BUCKETS", "LATENESS_BUCKETS", "Metrics"]
 
 DELAY_BUCKETS = (
     0.001,
@@ -108,7 +106,9 @@ class Metrics:
     ``registry``: where they register (prometheus_client's default registry; ``None``: nowhere,
     or a private :class:`~prometheus_client.CollectorRegistry` to list what governor exports)."""
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = REGISTRY, tenants: bool = False
+    ) -> None:
         self.admitted = Counter(
             "governor_admitted",
             "Governed calls admitted, once per limit that admitted them.",
@@ -213,6 +213,18 @@ class Metrics:
             registry=registry,
         )
 
+        self.tenant_wait: Histogram | None = None
+        """Waits by tenant under fair limits: one series per tenant, so only on request
+        (``governor_metrics_tenants = True``)."""
+        if tenants:
+            self.tenant_wait = Histogram(
+                "governor_tenant_wait_seconds",
+                "From a call's first wait to its start, under a fair limit, per tenant.",
+                ["limit", "tenant"],
+                buckets=DELAY_BUCKETS,
+                registry=registry,
+            )
+
     def all(self) -> list[Any]:
         return [
             self.admitted,
@@ -231,110 +243,5 @@ class Metrics:
             self.adaptive_decreases,
             self.adaptive_factor,
             self.live_changes,
+            *([self.tenant_wait] if self.tenant_wait is not None else []),
         ]
-
-
-def _rule_label(rule: Any, blocked: Any) -> str:
-    if blocked is not None:
-        return "blocked"
-    if rule is None:
-        return "none"
-    return str(getattr(rule, "text", rule))
-
-
-def _queue_label(sender: Any, kwargs: dict[str, Any]) -> str:
-    queue = kwargs.get("queue")
-    if queue is None:
-        info = getattr(kwargs.get("request"), "delivery_info", None) or {}
-        app = getattr(sender, "app", None)
-        queue = consumed_queue(app, info) if app is not None else info.get("routing_key")
-    return str(queue) if queue else "unknown"
-
-
-def _admitted(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    for label in kw.get("limits") or ():
-        m.admitted.labels(str(label)).inc()
-    lateness = kw.get("lateness")
-    if lateness is not None:
-        m.lateness.observe(max(0.0, float(lateness)))
-
-
-def _deferred(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    limit = str(kw.get("limit") or "unknown")
-    rule = _rule_label(kw.get("rule"), kw.get("blocked"))
-    if kw.get("capped"):
-        rule = "concurrency"
-    m.deferred.labels(limit, rule, "true" if kw.get("booked") else "false").inc()
-    delay = kw.get("delay")
-    if delay is not None:
-        m.delay.labels(limit).observe(max(0.0, float(delay)))
-
-
-def _parked(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    m.parked.labels(_queue_label(sender, kw)).inc()
-
-
-def _released(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    count = int(kw.get("count") or 0)
-    if count > 0:
-        m.released.labels(_queue_label(sender, kw)).inc(count)
-
-
-def _unavailable(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    m.unavailable.labels(str(kw.get("fail_mode") or "unknown")).inc()
-
-
-def _slot_acquired(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    handover = kw.get("handover")
-    for label in kw.get("limits") or ():
-        m.running.labels(str(label)).inc()
-        if handover is not None:
-            m.handover.labels(str(label)).observe(max(0.0, float(handover)))
-
-
-def _slot_released(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    for label in kw.get("limits") or ():
-        m.running.labels(str(label)).dec()
-
-
-def _slot_lost(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    m.slots_lost.labels(str(kw.get("limit") or "unknown")).inc()
-
-
-def _paused(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    timed = "false" if kw.get("level") else "true"
-    m.pauses.labels(str(kw.get("limit") or "unknown"), timed).inc()
-
-
-def _shadow_denied(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    m.shadow_denied.labels(
-        str(kw.get("limit") or "unknown"), _rule_label(kw.get("rule"), None)
-    ).inc()
-
-
-def _adapted(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    label = str(kw.get("limit") or "unknown")
-    m.adaptive_decreases.labels(label).inc()
-    m.adaptive_factor.labels(label).set(float(kw.get("factor") or 0.0))
-
-
-def _live_changed(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
-    for label in kw.get("labels") or ():
-        m.live_changes.labels(str(label)).inc()
-
-
-UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
-    (signals.task_admitted, _admitted),
-    (signals.task_deferred, _deferred),
-    (signals.task_parked, _parked),
-    (signals.task_released, _released),
-    (signals.storage_unavailable, _unavailable),
-    (signals.slot_acquired, _slot_acquired),
-    (signals.slot_released, _slot_released),
-    (signals.slot_lost, _slot_lost),
-    (signals.limit_paused, _paused),
-    (signals.shadow_denied, _shadow_denied),
-    (signals.limit_adapted, _adapted),
-    (signals.live_limits_changed, _live_changed),
-]
-"""Which signal updates which metrics (receivers: :mod:`.metrics`)."""

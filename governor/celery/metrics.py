@@ -91,7 +91,8 @@ from .metric_processes import (
     remove_directory,
     wants_multiprocess,
 )
-from .metric_set import DELAY_BUCKETS, HANDOVER_BUCKETS, LATENESS_BUCKETS, UPDATES, Metrics
+from .metric_set import DELAY_BUCKETS, HANDOVER_BUCKETS, LATENESS_BUCKETS, Metrics
+from .metric_updates import UPDATES
 
 __all__ = [
     "DELAY_BUCKETS",
@@ -161,6 +162,7 @@ def install(
     worker: Any = None,
     multiprocess: bool | None = None,
     parked: Callable[[], float] | None = None,
+    tenants: bool = False,
 ) -> None:
     """Count governor's signals and serve them on ``addr:port`` (``port`` None: count only, for
     an exporter of your own). Call it once, in the worker's main process, before the pool forks
@@ -171,6 +173,7 @@ def install(
     multiprocess mode. ``multiprocess`` forces the choice; unknown defaults to multiprocess,
     which is right for every pool. ``PROMETHEUS_MULTIPROC_DIR`` set in the environment always
     means multiprocess. ``parked``: called at each scrape for ``governor_parked_tasks``.
+    ``tenants``: also ``governor_tenant_wait_seconds`` (a series per tenant of fair limits).
 
     A port that cannot be bound is logged as an error: tasks run on, without metrics.
     """
@@ -217,7 +220,7 @@ def install(
             REGISTRY.register(refresher)
             state.served = REGISTRY
         try:
-            _metrics = Metrics()
+            _metrics = Metrics(tenants=tenants)
         except Exception:
             _undo(state)
             raise

@@ -39,6 +39,7 @@ setting                        meaning (default)
 ``governor_adaptive_floor``    never below this fraction of its rules (0.05)
 ``governor_metrics_port``      serve Prometheus metrics on this port (None: off)
 ``governor_metrics_addr``      address for the metrics server ("0.0.0.0")
+``governor_metrics_tenants``   a wait histogram per tenant of fair limits (False: cardinality)
 =============================  ==========================================================
 
 Rules may be a string (``"10/s, 800/d"``), a list, or a mapping
@@ -93,6 +94,7 @@ class Settings:
     release_lease: float = 30.0
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+    metrics_tenants: bool = False
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     max_pause: float = 3600.0
@@ -217,6 +219,7 @@ def load_settings(conf: Any) -> Settings:
         early_sleep=seconds(get("governor_early_sleep", 0.5), "governor_early_sleep"),
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
+        metrics_tenants=bool(get("governor_metrics_tenants", False)),
         park_after=park_after,
         release_interval=release_interval,
         release_lease=seconds(

@@ -28,11 +28,13 @@ __all__ = [
 ]
 
 task_admitted = Signal(
-    name="governor.task_admitted", providing_args={"request", "limits", "waits", "lateness"}
+    name="governor.task_admitted",
+    providing_args={"request", "limits", "waits", "lateness", "fair"},
 )
 """A governed task may run. ``limits``: the limit labels that admitted it; ``waits``: how many
 times it waited before; ``lateness``: for a task that started on a booked slot, how long after
-the slot opened it started (seconds), else None."""
+the slot opened it started (seconds), else None; ``fair``: under a fair limit, (its label, the
+tenant, seconds since the call first waited), else None."""
 
 task_deferred = Signal(
     name="governor.task_deferred",
