@@ -67,8 +67,9 @@ class Decider:
         handed: Handed,
     ) -> Outcome:
         fair = any(spec.config.fair_by is not None for _, spec in limiters)
-        if fair or not all(lim.books for lim, _ in limiters):
-            # a fair limit books nothing ahead: its waiting calls queue by tag (.fairness)
+        if (fair and not state.slots) or not all(lim.books for lim, _ in limiters):
+            # a fair limit books nothing ahead: its waiting calls queue by tag (.fairness),
+            # and its dispatcher books the few it sends on (they claim it below)
             return acquire_all(limiters, cost, who, handed)
         if state.slots:
             settings = self.settings
@@ -81,8 +82,8 @@ class Decider:
                 who,
                 handed,
             )
-            if outcome is not None:
-                return outcome
+            if outcome is not None or fair:
+                return outcome or acquire_all(limiters, cost, who, handed)
         elif lease and not any(lim.cap for lim, _ in limiters):
             outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
             if outcome is not None:

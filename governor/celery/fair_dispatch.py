@@ -1,9 +1,11 @@
 """The fair dispatcher: a thread in every worker's main process that sends on the calls waiting
 in fair queues (see :mod:`.fairness`), lowest tag first, as their limit has room.
 
-Every :data:`INTERVAL` seconds, for each fair limit with calls waiting (``<prefix>:{fair}:due``)
-it asks the limit how much room it has now (a peek) and takes that many calls, less those sent
-on and not yet arrived, in one script; then it publishes them. Several workers' dispatchers may
+While calls wait, for each fair limit with calls waiting (``<prefix>:{fair}:due``) it asks the
+limit how much room it has now (a peek) and takes that many calls, less those sent on and not
+yet arrived, in one script; then it publishes them. It looks again after :data:`INTERVAL`, or
+sooner, when the limit said it frees room for the next call (so a slot's reuse lags only by
+the trip of its message, not by the look). Several workers' dispatchers may
 run at once: a take is atomic, so a call is taken once (and, if its sender dies, taken again
 when its lease runs out, the copy that arrives second being dropped). A limit whose queue has
 been empty for a minute leaves the index.
@@ -29,9 +31,16 @@ __all__ = ["INTERVAL", "FairDispatcher"]
 
 logger = logging.getLogger("governor.celery")
 INTERVAL = 0.05
-"""Seconds between looks while calls wait (each costs a peek and a take per fair limit)."""
+"""Seconds between looks while calls wait, at most: a look whose limit had no room looks again
+when the limit says it will have (each look costs a peek and a take per fair limit)."""
 IDLE = 0.5
 """Seconds between looks at the index while no call waits."""
+AHEAD = 0.05
+"""A call is sent on this long before the limit frees room for it (the trip of its message):
+it arrives about then, and waits the rest in the pool process (see ``Gate``), so the room is
+used the moment it frees."""
+MIN_WAIT = 0.005
+"""The shortest pause between looks (when the limit frees room that soon)."""
 PACE = 0.25
 """A look sends on at most what the limit's slowest rule admits in this many seconds: a window
 that opens all at once is handed out over a few looks, so a tenant arriving meanwhile gets
@@ -58,11 +67,13 @@ class FairDispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def dispatch_once(self) -> tuple[int, int]:
-        """One look at every fair limit: (calls sent on, calls still waiting)."""
+    def dispatch_once(self) -> tuple[int, int, float]:
+        """One look at every fair limit: (calls sent on, calls still waiting, seconds until
+        the next look could send one)."""
         client = self.store.client
         key = index_key(self.settings.prefix)
         sent = waiting = 0
+        wake = INTERVAL
         listed: list[tuple[Any, float]] = list(client.zrange(key, 0, -1, withscores=True))  # type: ignore[arg-type]
         for raw, seen in listed:
             try:
@@ -72,13 +83,17 @@ class FairDispatcher:
                 continue
             d = queue.limiter.peek(queue.subject)
             room = min(d.remaining, pace(queue)) if d.allowed else 0
-            left, flying, taken = queue.take(client, max(0, room), self.batch)
+            if not room and d.blocked is None and d.retry_after <= AHEAD:
+                room = 1  # on its way by the time the limit frees room: it waits the rest
+            left, flying, taken = queue.take(client, room, self.batch)
+            for member, text, _ in taken:
+                sent += self._send(member, text)
             waiting += left
-            for member, text, tag in taken:
-                sent += self._send(member, text, tag)
+            if left and not room:  # look again when the limit has room for the next one
+                wake = min(wake, max(MIN_WAIT, d.retry_after - AHEAD))
             if left == 0 and flying == 0 and seen < time.time() - FORGET_AFTER:
                 client.zrem(key, raw)
-        return sent, waiting
+        return sent, waiting, wake
 
     def _queue(self, raw: Any) -> FairQueue:
         desc = json.loads(raw)
@@ -89,8 +104,9 @@ class FairDispatcher:
         )
         return FairQueue(self.store.limiter(str(desc["name"]), config), str(desc["subject"]))
 
-    def _send(self, member: str, text: str, tag: str) -> int:
-        _tenant, _, env = text.partition("\n")
+    def _send(self, member: str, text: str) -> int:
+        """Publish a call taken from a fair queue ("tenant\\ntag\\nenvelope")."""
+        _tenant, tag, env = [*text.split("\n", 2), "", ""][:3]
         try:
             sig, _due, _env = parking.open_envelope(self.app, env)
         except Exception as exc:  # unreadable: its lease runs out and it is taken again
@@ -110,8 +126,8 @@ class FairDispatcher:
         pause = IDLE
         while not self._stop.wait(pause):
             try:
-                sent, waiting = self.dispatch_once()
-                pause = INTERVAL if waiting or sent else IDLE
+                sent, waiting, wake = self.dispatch_once()
+                pause = wake if waiting or sent else IDLE
             except Exception as exc:  # Redis or broker trouble: try again soon
                 logger.warning("governor: sending on fair-queue calls failed: %r", exc)
                 pause = IDLE

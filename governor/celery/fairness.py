@@ -51,6 +51,9 @@ KEEP_MS = 86_400_000
 """How long a fair queue's keys live after the last call was put in (refreshed by each)."""
 SENT_LEASE_MS = 10_000
 """A call sent on and not arrived within this long is sent again (a second copy is dropped)."""
+EARLY_WAIT = 0.1
+"""The longest a call sent on waits in the pool process for its limit's room (see
+``fair_dispatch.AHEAD``)."""
 IN_USE = 5.0
 """Seconds a process treats a fair queue as in use after it put a call in or saw one arrive."""
 CLAIMS_MS = 3_600_000
@@ -89,10 +92,11 @@ class FairQueue:
         return float(new_tag), int(waiting)
 
     def take(
-        self, client: Any, room: int, most: int
+        self, client: Any, room: int, most: int, booked: bool = False
     ) -> tuple[int, int, list[tuple[str, str, str]]]:
-        """(calls still waiting, calls sent on and not arrived, [(member, "tenant\\nenvelope",
-        tag or "")])."""
+        """(calls still waiting, calls sent on and not arrived, [(member, "tenant\\ntag\\nenvelope",
+        tag or "")]). ``booked``: the caller booked a moment for each, so calls sent on and not
+        arrived yet take no room from ``room``."""
         keys = self.keys("fq", "fm", "ft", "fv", "fn", "fl")
         reply = eval_script(client, plain_script("fair_take"), keys, [room, SENT_LEASE_MS, most])
         out = []
@@ -147,6 +151,16 @@ class Fairness:
         if until is None or until < time.monotonic():
             return None
         return self.wait(call, Outcome(False), spec)
+
+    def sent_early(self, call: Call, retry_after: float) -> bool:
+        """A call sent on from the fair queue arrived just before its limit had room (the
+        dispatcher sends it ahead by the trip of its message): wait the rest here, once.
+        True when it waited (decide again); False: it waits in the queue again, in its place."""
+        if call.state.tag is None or call.state.fair_waited or retry_after > EARLY_WAIT:
+            return False
+        call.state.fair_waited = True
+        time.sleep(max(0.0, retry_after))
+        return True
 
     def _in_use(self, spec: LimitSpec) -> None:
         if len(self.busy) > 10_000:

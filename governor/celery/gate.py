@@ -161,6 +161,8 @@ class Gate:
             fair = fair_spec(call)
             decision = outcome.decision
             if fair is not None and outcome.spec == fair and decision and decision.rule:
+                if self.fairness.sent_early(call, decision.retry_after):
+                    continue  # sent on just ahead of its room: it waited the rest
                 return self.fairness.wait(call, outcome, fair)  # a rate: wait in its queue
             if outcome.decision is None or outcome.decision.capped is None:
                 return self.republisher.republish(call, outcome, label)

@@ -8,7 +8,7 @@ parking id and release token that let a consumer drop a second copy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -54,6 +54,8 @@ class WaitState:
     """The fair-queue entry a copy sent on from a fair queue claims on arrival."""
     tag: float | None = None
     """Its place in the fair queue (kept if it must wait again)."""
+    fair_waited: bool = field(default=False, compare=False)
+    """This copy already waited in the pool for its room (not carried in the header)."""
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:

@@ -4,7 +4,7 @@
 -- A tenant idle for a while (last tag <= V) starts at V: it banks no credit.
 --
 -- KEYS[1]  ZSET fq: member -> tag; member "<seq>:<id>" (seq keeps equal tags in arrival order)
--- KEYS[2]  HASH fm: member -> "<tenant>\n<envelope>" (the message to send on)
+-- KEYS[2]  HASH fm: member -> "<tenant>\n<tag>\n<envelope>" (the message to send on)
 -- KEYS[3]  ZSET ft: tenant -> its last tag (tenants whose last tag <= V are removed)
 -- KEYS[4]  STRING fv: "<V>:<seq>"
 -- KEYS[5]  HASH fn: tenant -> calls waiting
@@ -26,7 +26,7 @@ if not tag then
 end
 local member = string.format('%012d', seq) .. ':' .. ARGV[1]
 redis.call('ZADD', KEYS[1], tag, member)
-redis.call('HSET', KEYS[2], member, ARGV[2] .. '\n' .. ARGV[5])
+redis.call('HSET', KEYS[2], member, ARGV[2] .. '\n' .. string.format('%.17g', tag) .. '\n' .. ARGV[5])
 redis.call('HINCRBY', KEYS[5], ARGV[2], 1)
 redis.call('SET', KEYS[4], string.format('%.17g', v) .. ':' .. seq)
 for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[6]) end

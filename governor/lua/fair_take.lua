@@ -8,13 +8,15 @@
 -- ARGV[1]     room: calls the limit admits now
 -- ARGV[2]     lease in ms
 -- ARGV[3]     at most this many
+-- ARGV[4]     1: the caller booked a moment for each (calls in flight take no room)
 -- Returns     {calls still waiting, calls sent on and not arrived, member_1, envelope_1, tag_1,
 --             ...}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = now + tonumber(ARGV[2])
 local out = {0, 0}
-local left = math.min(tonumber(ARGV[3]), tonumber(ARGV[1]) - redis.call('ZCOUNT', KEYS[6], now, '+inf'))
+local flying = ARGV[4] == '1' and 0 or redis.call('ZCOUNT', KEYS[6], now, '+inf')
+local left = math.min(tonumber(ARGV[3]), tonumber(ARGV[1]) - flying)
 local function send(member, tag)
   local text = redis.call('HGET', KEYS[2], member)
   if not text then redis.call('ZREM', KEYS[6], member) return end

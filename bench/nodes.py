@@ -1,0 +1,57 @@
+"""Worker nodes for the benchmarks: separate `celery worker` processes on one app module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def start_nodes(
+    module: str, env: dict[str, str], queue: str, count: int = 2, concurrency: int = 2
+) -> list[subprocess.Popen[bytes]]:
+    """``count`` prefork nodes of ``concurrency`` processes consuming ``queue``."""
+    logs = Path(tempfile.mkdtemp(prefix=f"governor-{module}-"))
+    tag = os.urandom(4).hex()
+    return [
+        subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", module, "worker", "-P", "prefork",
+                "-c", str(concurrency), "-n", f"node{i}-{tag}@%h", "-Q", queue,
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "--loglevel", "WARNING",
+            ],
+            cwd=HERE,
+            env={**os.environ, **env, "PYTHONPATH": str(HERE)},
+            stdout=(logs / f"node{i}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def stop_nodes(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def send(broker: str, task: str, queue: str, calls: list[tuple[object, ...]]) -> None:
+    """Publish one task per argument tuple, as any producer would."""
+    from celery import Celery
+
+    producer = Celery("producer", broker=broker)
+    with producer.producer_or_acquire() as pub:
+        for args in calls:
+            producer.send_task(task, args, queue=queue, producer=pub)
+    producer.close()
