@@ -182,3 +182,24 @@ def test_tenant_waits_are_metrics_only_on_request() -> None:
         admitted(m, None, {"limits": ["queue:q"], "fair": ("queue:q", "acme", 1.5)})
         text = generate_latest(registry).decode()
         assert ('tenant="acme"' in text) is tenants
+
+
+def test_weights_change_live(redis_server: ServerHandle) -> None:
+    from click.testing import CliRunner
+
+    from governor.celery.live import LiveView
+    from governor.cli import cli
+
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    app = new_app(redis_server.url(), q, governor_queues={q: {"rules": "5/s", "fair_by": "c"}})
+    governor = Governor(app)
+    runner = CliRunner(env={"COLUMNS": "200", "GOVERNOR_REDIS_URL": ""})
+    args = ["limits", "set", q, "5/s", "--fair-by", "c", "--weight", "big=4", "--by", "t"]
+    done = runner.invoke(cli, args, obj=app, catch_exceptions=False)
+    assert done.exit_code == 0 and "fair by c, big x4" in done.output, done.output
+    bad = runner.invoke(cli, [*args[:-2], "--weight", "big"], obj=app)
+    assert bad.exit_code == 2 and "TENANT=WEIGHT" in bad.output
+    view = LiveView(lambda: governor.gate.client, governor.settings)
+    spec = governor.gate.calls.fixed_specs(app.tasks["celery.backend_cleanup"], {"queue": q})
+    live = view.apply([s for s in spec])
+    assert live and live[0].config.weight("big") == 4.0

@@ -106,6 +106,14 @@ def show(state: State, as_json: bool) -> None:
 @click.option("--algorithm", help="Algorithm for these rules (default: the app's).")
 @click.option("--concurrency", type=click.IntRange(min=1), help="At most this many at once.")
 @click.option("--shadow", is_flag=True, help="Count and log what it would defer; defer nothing.")
+@click.option("--fair-by", help="Share it fairly between tenants: a task argument's name.")
+@click.option(
+    "--weight",
+    "weights",
+    multiple=True,
+    metavar="TENANT=W",
+    help="A tenant's weight under --fair-by (default 1; repeat for several).",
+)
 @click.option("--by", "by", help="Who (default: user@host).")
 @_json
 @pass_state
@@ -116,6 +124,8 @@ def set_command(
     algorithm: str | None,
     concurrency: int | None,
     shadow: bool,
+    fair_by: str | None,
+    weights: tuple[str, ...],
     by: str | None,
     as_json: bool,
 ) -> None:
@@ -134,6 +144,10 @@ def set_command(
         value["concurrency"] = concurrency
     if shadow:
         value["shadow"] = True
+    if fair_by is not None:
+        value["fair_by"] = fair_by
+    if weights:
+        value["weights"] = _weights(weights)
     settings = None
     if state.app is not None:
         from .apps import settings_of
@@ -166,10 +180,27 @@ def reset_command(state: State, label: str, as_json: bool) -> None:
         click.echo(f"{label} had no live limit.")
 
 
+def _weights(given: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for item in given:
+        tenant, eq, number = item.rpartition("=")
+        try:
+            out[tenant] = float(number)
+        except ValueError:
+            tenant = ""
+        if not eq or not tenant:
+            raise CliError(f"--weight takes TENANT=WEIGHT, got {item!r}")
+    return out
+
+
 def _text(value: dict[str, Any]) -> str:
     parts = [str(value["rules"])] if value.get("rules") else []
     if value.get("concurrency") is not None:
         parts.append(f"{value['concurrency']} at once")
     if value.get("algorithm"):
         parts.append(str(value["algorithm"]))
+    if value.get("fair_by"):
+        weights = value.get("weights") or {}
+        shown = "".join(f", {t} x{w:g}" for t, w in sorted(weights.items()))
+        parts.append(f"fair by {value['fair_by']}{shown}")
     return ", ".join(parts) + (" (shadow)" if value.get("shadow") else "")
