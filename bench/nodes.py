@@ -47,11 +47,16 @@ def stop_nodes(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def send(broker: str, task: str, queue: str, calls: list[tuple[object, ...]]) -> None:
-    """Publish one task per argument tuple, as any producer would."""
+    """Publish one task per argument tuple, as any producer would (a last argument None
+    becomes the moment it is published)."""
+    import time
+
     from celery import Celery
 
     producer = Celery("producer", broker=broker)
     with producer.producer_or_acquire() as pub:
         for args in calls:
+            if args and args[-1] is None:
+                args = (*args[:-1], time.time())
             producer.send_task(task, args, queue=queue, producer=pub)
     producer.close()

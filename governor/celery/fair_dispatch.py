@@ -36,9 +36,9 @@ when the limit says it will have (each look costs a peek and a take per fair lim
 IDLE = 0.5
 """Seconds between looks at the index while no call waits."""
 AHEAD = 0.05
-"""A call is sent on this long before the limit frees room for it (the trip of its message):
-it arrives about then, and waits the rest in the pool process (see ``Gate``), so the room is
-used the moment it frees."""
+"""A call is sent on up to this long before the limit frees room for it, due then (an ETA the
+worker keeps, not a pool process): it starts about when the room frees, waiting in the pool
+process for what is left, if anything (see ``Fairness.sent_early``)."""
 MIN_WAIT = 0.005
 """The shortest pause between looks (when the limit frees room that soon)."""
 PACE = 0.25
@@ -83,11 +83,12 @@ class FairDispatcher:
                 continue
             d = queue.limiter.peek(queue.subject)
             room = min(d.remaining, pace(queue)) if d.allowed else 0
+            eta = 0.0
             if not room and d.blocked is None and d.retry_after <= AHEAD:
-                room = 1  # on its way by the time the limit frees room: it waits the rest
+                room, eta = 1, d.retry_after  # sent now, due when the limit frees room
             left, flying, taken = queue.take(client, room, self.batch)
             for member, text, _ in taken:
-                sent += self._send(member, text)
+                sent += self._send(member, text, eta)
             waiting += left
             if left and not room:  # look again when the limit has room for the next one
                 wake = min(wake, max(MIN_WAIT, d.retry_after - AHEAD))
@@ -104,7 +105,7 @@ class FairDispatcher:
         )
         return FairQueue(self.store.limiter(str(desc["name"]), config), str(desc["subject"]))
 
-    def _send(self, member: str, text: str) -> int:
+    def _send(self, member: str, text: str, eta: float = 0.0) -> int:
         """Publish a call taken from a fair queue ("tenant\\ntag\\nenvelope")."""
         _tenant, tag, env = [*text.split("\n", 2), "", ""][:3]
         try:
@@ -119,7 +120,7 @@ class FairDispatcher:
             carried["tag"] = float(tag)
         headers[HEADER] = carried
         sig.options["headers"] = headers
-        sig.apply_async()
+        sig.apply_async(countdown=eta or None)
         return 1
 
     def run(self) -> None:
