@@ -20,11 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -34,11 +30,11 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nodes import send, start_nodes, stop_nodes
+
 from common import table
 from governor import Concurrency
 from governor.embedded import EmbeddedRedis
-
-HERE = Path(__file__).resolve().parent
 
 
 def most_at_once(intervals: list[tuple[float, float]]) -> int:
@@ -59,7 +55,6 @@ def run_nodes(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dic
     key = f"gc{uuid.uuid4().hex[:8]}"
     queue = f"q{uuid.uuid4().hex[:6]}"
     env = {
-        **os.environ,
         "GC_BROKER": server.url(1),
         "GC_STORE": server.url(2),
         "GC_RECORD": server.url(3),
@@ -69,63 +64,19 @@ def run_nodes(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dic
         "GC_SLEEP": str(args.sleep),
         "GC_QUEUE": queue,
         "GC_RETRY": str(args.countdown),
-        "PYTHONPATH": str(HERE),
     }
-    logs = Path(tempfile.mkdtemp(prefix="governor-concurrency-"))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "concurrency_app",
-                "worker",
-                "-P",
-                "prefork",
-                "-c",
-                "3",
-                "-n",
-                f"node{i}-{key}@%h",
-                "-Q",
-                queue,
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                "WARNING",
-            ],
-            cwd=HERE,
-            env=env,
-            stdout=(logs / f"node{i}.log").open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for i in range(2)
-    ]
+    procs = start_nodes("concurrency_app", env, queue, concurrency=3)
     record = redis.Redis.from_url(server.url(3))
     try:
         time.sleep(3.0)  # let both nodes connect
-        from celery import Celery
-
-        producer = Celery("producer", broker=server.url(1))
-        with producer.producer_or_acquire() as pub:
-            for n in range(args.tasks):
-                producer.send_task("concurrency_app.work", (n,), queue=queue, producer=pub)
-        producer.close()
+        send(server.url(1), "concurrency_app.work", queue, [(n,) for n in range(args.tasks)])
         deadline = time.monotonic() + args.timeout
         while record.llen(f"{key}:ends") < args.tasks and time.monotonic() < deadline:
             time.sleep(0.2)
         ends = [json.loads(x) for x in record.lrange(f"{key}:ends", 0, -1)]
         handover = [float(x) for x in record.lrange(f"{key}:handover", 0, -1)]
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_nodes(procs)
     intervals = [(e[0], e[1]) for e in ends]
     span = max(e for _, e in intervals) - min(s for s, _ in intervals) if intervals else 0.0
     busy = sum(e - s for s, e in intervals) / (args.cap * span) if span else 0.0

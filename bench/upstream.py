@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -32,12 +28,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from nodes import send, start_nodes, stop_nodes
 from upstream_server import upstream
 
 from common import table
 from governor.embedded import EmbeddedRedis
-
-HERE = Path(__file__).resolve().parent
 
 
 def run(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -45,7 +40,6 @@ def run(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dict[str,
     queue = f"q{uuid.uuid4().hex[:6]}"
     with upstream(args.quota, 1.0) as up:
         env = {
-            **os.environ,
             "GU_BROKER": server.url(1),
             "GU_STORE": server.url(2),
             "GU_RECORD": server.url(3),
@@ -55,63 +49,19 @@ def run(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dict[str,
             "GU_RULES": args.rules,
             "GU_URL": up.url,
             "GU_COUNTDOWN": str(args.countdown),
-            "PYTHONPATH": str(HERE),
         }
-        logs = Path(tempfile.mkdtemp(prefix="governor-upstream-"))
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "upstream_app",
-                    "worker",
-                    "-P",
-                    "prefork",
-                    "-c",
-                    "2",
-                    "-n",
-                    f"node{i}-{key}@%h",
-                    "-Q",
-                    queue,
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "--loglevel",
-                    "WARNING",
-                ],
-                cwd=HERE,
-                env=env,
-                stdout=(logs / f"node{i}.log").open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            for i in range(2)
-        ]
+        procs = start_nodes("upstream_app", env, queue)
         record = redis.Redis.from_url(server.url(3))
         try:
             time.sleep(3.0)  # let both nodes connect
-            from celery import Celery
-
-            producer = Celery("producer", broker=server.url(1))
-            with producer.producer_or_acquire() as pub:
-                for n in range(args.tasks):
-                    producer.send_task("upstream_app.call", (n,), queue=queue, producer=pub)
-            producer.close()
+            send(server.url(1), "upstream_app.call", queue, [(n,) for n in range(args.tasks)])
             deadline = time.monotonic() + args.timeout
             while record.llen(f"{key}:done") < args.tasks and time.monotonic() < deadline:
                 time.sleep(0.2)
             done = [json.loads(x) for x in record.lrange(f"{key}:done", 0, -1)]
             log = list(up.log)
         finally:
-            for proc in procs:
-                os.killpg(proc.pid, signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            stop_nodes(procs)
     refused = sum(1 for _, s in log if s == 429)
     first = min(t for t, _ in log) if log else 0.0
     last = max(d[0] for d in done) if done else first

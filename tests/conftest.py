@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -89,3 +90,30 @@ def failures() -> Iterator[list[BaseException]]:
     task_failure.connect(on_failure, weak=False)
     yield seen
     task_failure.disconnect(on_failure)
+
+
+@pytest.fixture
+def nodes_factory(redis_server: ServerHandle) -> Iterator[Any]:
+    """Make groups of separate `celery worker` nodes (tests/worker_nodes.py) on the suite's
+    Redis (broker db 1, governor db 2, records db 3; ``broker``/``store`` override); every
+    node is stopped at the end of the test."""
+    from worker_nodes import Nodes
+
+    made: list[Nodes] = []
+
+    def make(
+        queues: dict[str, Any], broker: str | None = None, store: str | None = None, **kw: Any
+    ) -> Nodes:
+        nodes = Nodes(
+            broker or redis_server.url(1),
+            store or redis_server.url(2),
+            redis_server.url(3),
+            queues,
+            **kw,
+        )
+        made.append(nodes)
+        return nodes
+
+    yield make
+    for nodes in made:
+        nodes.stop()

@@ -5,36 +5,19 @@ spends a retry, and the upstream sees at most one 429 per pool process per pause
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from upstream_server import upstream
-from worker_nodes import Nodes
 
 from celery_helpers import wait_for
-from conftest import ServerHandle
 
 pytestmark = pytest.mark.worker
 
 
-@pytest.fixture
-def nodes(redis_server: ServerHandle) -> Iterator[Any]:
-    made: list[Nodes] = []
-
-    def make(queues: dict[str, Any], **kw: Any) -> Nodes:
-        n = Nodes(redis_server.url(1), redis_server.url(2), redis_server.url(3), queues, **kw)
-        made.append(n)
-        return n
-
-    yield make
-    for n in made:
-        n.stop()
-
-
-def test_a_429_pauses_every_node(nodes: Any) -> None:
+def test_a_429_pauses_every_node(nodes_factory: Any) -> None:
     queue = f"bo-{uuid.uuid4().hex[:6]}"
-    group = nodes({queue: "200/s"}, conf={"governor_prefix": f"gt{uuid.uuid4().hex[:8]}"})
+    group = nodes_factory({queue: "200/s"}, conf={"governor_prefix": f"gt{uuid.uuid4().hex[:8]}"})
     with upstream(quota=10, window=1.0) as up:
         group.env["GT_UPSTREAM"] = up.url
         group.start(2, concurrency=2, queues=[queue])
@@ -57,7 +40,9 @@ def test_a_429_pauses_every_node(nodes: Any) -> None:
     assert statuses.count(429) <= 60 // 2, statuses
 
 
-def test_a_live_change_reaches_every_node_within_a_second(nodes: Any, redis_server: Any) -> None:
+def test_a_live_change_reaches_every_node_within_a_second(
+    nodes_factory: Any, redis_server: Any
+) -> None:
     import time
 
     import redis
@@ -66,7 +51,7 @@ def test_a_live_change_reaches_every_node_within_a_second(nodes: Any, redis_serv
 
     queue = f"lv-{uuid.uuid4().hex[:6]}"
     prefix = f"gt{uuid.uuid4().hex[:8]}"
-    group = nodes({queue: "100/s"}, conf={"governor_prefix": prefix})
+    group = nodes_factory({queue: "100/s"}, conf={"governor_prefix": prefix})
     group.start(2, concurrency=2, queues=[queue])
     for _ in range(10):  # a second at 10/s under the configuration
         group.publish(queue, 1)

@@ -10,7 +10,6 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ import redis
 from worker_nodes import Nodes
 
 from celery_helpers import first_at_once, most_at_once, wait_for
-from conftest import ServerHandle
 from governor import Limiter
 from governor.embedded import EmbeddedRedis
 
@@ -30,22 +28,6 @@ RESTORE_SOON = {
 }
 """The Redis broker delivers a dead worker's unacknowledged messages again after 6 s (and looks
 every second), so the killed node's tasks come back within the test."""
-
-
-@pytest.fixture
-def nodes_factory(redis_server: ServerHandle) -> Iterator[Any]:
-    made: list[Nodes] = []
-
-    def make(queues: dict[str, Any], store: str | None = None, **kw: Any) -> Nodes:
-        nodes = Nodes(
-            redis_server.url(1), store or redis_server.url(2), redis_server.url(3), queues, **kw
-        )
-        made.append(nodes)
-        return nodes
-
-    yield make
-    for nodes in made:
-        nodes.stop()
 
 
 def holders(nodes: Nodes, queue: str) -> list[Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from worker_nodes import Nodes
@@ -21,22 +20,6 @@ def rabbitmq_up() -> bool:
             return True
     except OSError:
         return False
-
-
-@pytest.fixture
-def nodes_factory(redis_server: ServerHandle) -> Iterator[object]:
-    made: list[Nodes] = []
-
-    def make(queues: dict[str, str], broker: str | None = None, **kw: object) -> Nodes:
-        nodes = Nodes(
-            broker or redis_server.url(1), redis_server.url(2), redis_server.url(3), queues, **kw
-        )  # type: ignore[arg-type]
-        made.append(nodes)
-        return nodes
-
-    yield make
-    for nodes in made:
-        nodes.stop()
 
 
 def publish(nodes: Nodes, queue: str, count: int) -> None:

@@ -7,35 +7,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_nodes import Nodes
 
 from celery_helpers import wait_for
-from conftest import ServerHandle
 
 pytestmark = pytest.mark.worker
 
 
-@pytest.fixture
-def nodes(redis_server: ServerHandle) -> Iterator[Any]:
-    made: list[Nodes] = []
-
-    def make(queues: dict[str, Any], **kw: Any) -> Nodes:
-        n = Nodes(redis_server.url(1), redis_server.url(2), redis_server.url(3), queues, **kw)
-        made.append(n)
-        return n
-
-    yield make
-    for n in made:
-        n.stop()
-
-
-def test_a_late_tenant_is_served_beside_a_flood_on_two_nodes(nodes: Any) -> None:
+def test_a_late_tenant_is_served_beside_a_flood_on_two_nodes(nodes_factory: Any) -> None:
     queue = f"fair-{uuid.uuid4().hex[:6]}"
-    group = nodes(
+    group = nodes_factory(
         {queue: {"rules": "20/s", "fair_by": "customer"}},
         conf={"governor_prefix": f"gt{uuid.uuid4().hex[:8]}"},
     )
