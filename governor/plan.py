@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .algorithms import get_algorithm
@@ -158,3 +159,36 @@ class Plan:
         origin = round(self.start * _US)
         counter = Counter((t - origin) // step for t in self.starts_us)
         return sorted(counter.items())
+
+    def tenants(self, shares: Sequence[tuple[str, int, float]]) -> list[TenantPlan]:
+        """When each tenant's jobs run when ``shares`` (name, jobs, weight) are queued at once
+        under a fair limit: jobs go in order of their start-time fair queuing tags (the k-th
+        job of a tenant with weight w: k x cost / w; ties in the order given), each at the
+        next start of this plan. Their jobs must add up to the plan's."""
+        if sum(n for _, n, _ in shares) != self.jobs:
+            raise ConfigError(
+                f"the tenants' jobs add up to {sum(n for _, n, _ in shares)}, not {self.jobs}"
+            )
+        order = sorted(
+            ((k * self.cost / w, i) for i, (_, n, w) in enumerate(shares) for k in range(1, n + 1)),
+        )
+        firsts: dict[int, float] = {}
+        lasts: dict[int, float] = {}
+        for slot, (_, i) in zip(self.starts_us, order):
+            firsts.setdefault(i, slot / _US - self.start)
+            lasts[i] = slot / _US - self.start
+        return [
+            TenantPlan(name, n, w, firsts.get(i, 0.0), lasts.get(i, 0.0))
+            for i, (name, n, w) in enumerate(shares)
+        ]
+
+
+@dataclass(frozen=True)
+class TenantPlan:
+    """One tenant's jobs in a fair plan: seconds after the start of its first and last job."""
+
+    name: str
+    jobs: int
+    weight: float
+    first: float
+    last: float

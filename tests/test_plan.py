@@ -145,3 +145,37 @@ def test_bad_input_names_the_fix() -> None:
         plan("1/s", 1, cost=0)
     with pytest.raises(ConfigError, match="unknown unit"):
         plan("1/x", 1)
+
+
+def test_tenants_sharing_a_plan_fairly() -> None:
+    p = Plan.build("20/s", 620)
+    a, b = p.tenants([("A", 600, 1.0), ("B", 20, 1.0)])
+    assert (a.jobs, b.jobs) == (600, 20)
+    assert b.first == 0.0 and b.last == pytest.approx(1.95)  # every other start: 10/s
+    assert a.last == pytest.approx(30.95)
+    heavy, light = Plan.build("20/s", 40).tenants([("H", 20, 3.0), ("L", 20, 1.0)])
+    starts = Plan.build("20/s", 40).starts
+    assert heavy.last < light.last and light.last == pytest.approx(starts[-1])
+    with pytest.raises(ConfigError):
+        p.tenants([("A", 1, 1.0)])
+
+
+def test_plan_command_with_tenants() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from governor.cli import cli
+
+    runner = CliRunner(env={"COLUMNS": "160"})
+    out = runner.invoke(cli, ["plan", "20/s", "--tenants", "A=600,B=20", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {t["name"]: t for t in json.loads(out.stdout)["tenants"]}
+    assert rows["B"]["last"] == pytest.approx(1.95) and rows["B"]["last_fifo"] == pytest.approx(
+        30.95
+    )
+    text = runner.invoke(cli, ["plan", "20/s", "--tenants", "A=600,B=20x2"]).stdout
+    assert "last (fair)" in text and "B" in text
+    for bad in (["--tenants", "A"], ["--tenants", "A=5x0"], ["--jobs", "3", "--tenants", "A=5"]):
+        assert runner.invoke(cli, ["plan", "20/s", *bad]).exit_code == 2
+    assert runner.invoke(cli, ["plan", "20/s"]).exit_code == 2  # neither --jobs nor --tenants

@@ -148,7 +148,12 @@ def _write_chart(path: Path, p: Plan, origin: float | None) -> None:
 
 @click.command("plan")
 @click.argument("rules")
-@click.option("--jobs", type=click.IntRange(min=1), required=True, help="How many jobs.")
+@click.option("--jobs", type=click.IntRange(min=1), help="How many jobs (or give --tenants).")
+@click.option(
+    "--tenants",
+    metavar="NAME=JOBS[xW],...",
+    help="Tenants sharing the limit fairly (fair_by), e.g. A=600,B=20x2: each one's finish.",
+)
 @click.option(
     "--cost", type=click.IntRange(min=1), default=1, show_default=True, help="Units each job costs."
 )
@@ -164,7 +169,8 @@ def _write_chart(path: Path, p: Plan, origin: float | None) -> None:
 )
 def plan_command(
     rules: str,
-    jobs: int,
+    jobs: int | None,
+    tenants: str | None,
     cost: int,
     start: float | None,
     now: bool,
@@ -181,14 +187,30 @@ def plan_command(
     """
     if start is not None and now:
         raise click.UsageError("give --start or --now, not both")
+    shares = _tenants(tenants) if tenants else None
+    if shares is not None:
+        total = sum(n for _, n, _ in shares)
+        if jobs is not None and jobs != total:
+            raise click.UsageError(f"--jobs {jobs} but the tenants' jobs add up to {total}")
+        jobs = total
+    if jobs is None:
+        raise click.UsageError("give --jobs N (or --tenants)")
     absolute = start is not None or now
     # "now" on the millisecond grid the limiter stamps on, so offsets come out round
     begin = math.ceil(time.time() * 1000) / 1000 if now else (start or 0.0)
     p = Plan.build(rules, jobs, start=begin, cost=cost)
     if chart is not None:
         _write_chart(chart, p, p.start if absolute else None)
+    fair = p.tenants(shares) if shares is not None else None
     if as_json:
-        echo_json(_json(p, absolute, schedule))
+        data = _json(p, absolute, schedule)
+        if fair is not None:
+            data["tenants"] = [
+                {"name": t.name, "jobs": t.jobs, "weight": t.weight, "first": t.first,
+                 "last": t.last, "last_fifo": fifo}
+                for t, fifo in zip(fair, _fifo_lasts(p, shares or []))
+            ]  # fmt: skip
+        echo_json(data)
         return
     out = console()
     each = "" if cost == 1 else f", {cost} units each"
@@ -212,6 +234,9 @@ def plan_command(
         f"long run   at most {p.per_day:g} jobs a day (rule {p.tightest.text}): "
         f"{jobs} jobs = {took} of quota"
     )
+    if fair is not None:
+        out.print()
+        out.print(_tenant_table(fair, _fifo_lasts(p, shares or [])))
     origin = p.start if absolute else None
     # the periods worth a table: minutes for a batch within the hour, else hours and days
     periods: list[tuple[str, int, int | None]] = (
@@ -230,3 +255,43 @@ def plan_command(
         for i, t in enumerate(p.starts, 1):
             when = clock(t, ms=True) if absolute else f"+{format_duration(t - p.start)}"
             out.print(f"job {i}: {when}")
+
+
+def _tenants(text: str) -> list[tuple[str, int, float]]:
+    """``A=600,B=20x2`` -> [("A", 600, 1.0), ("B", 20, 2.0)]."""
+    out = []
+    for item in text.split(","):
+        name, eq, rest = item.strip().partition("=")
+        jobs_text, _, weight_text = rest.partition("x")
+        try:
+            jobs, weight = int(jobs_text), float(weight_text or 1)
+        except ValueError:
+            jobs, weight = 0, 0.0
+        if not eq or not name or jobs < 1 or not 0.001 <= weight <= 1000:
+            raise click.BadParameter(
+                f"{item.strip()!r}: write NAME=JOBS or NAME=JOBSxWEIGHT (weight 0.001 to 1000)",
+                param_hint="--tenants",
+            )
+        out.append((name.strip(), jobs, weight))
+    return out
+
+
+def _fifo_lasts(p: Plan, shares: list[tuple[str, int, float]]) -> list[float]:
+    """Each tenant's last start first come, first served, in the order given."""
+    out, done = [], 0
+    for _, n, _ in shares:
+        done += n
+        out.append(p.starts_us[done - 1] / 1e6 - p.start)
+    return out
+
+
+def _tenant_table(fair: list[Any], fifo: list[float]) -> Table:
+    table = Table(title="tenants sharing it fairly (queued at once)", title_justify="left")
+    for column in ("tenant", "jobs", "weight", "first", "last (fair)", "last (FIFO, in order)"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for t, last_fifo in zip(fair, fifo):
+        table.add_row(
+            t.name, str(t.jobs), f"{t.weight:g}", f"+{format_duration(t.first)}",
+            f"+{format_duration(t.last)}", f"+{format_duration(last_fifo)}",
+        )  # fmt: skip
+    return table
