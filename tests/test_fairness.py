@@ -203,3 +203,28 @@ def test_weights_change_live(redis_server: ServerHandle) -> None:
     spec = governor.gate.calls.fixed_specs(app.tasks["celery.backend_cleanup"], {"queue": q})
     live = view.apply([s for s in spec])
     assert live and live[0].config.weight("big") == 4.0
+
+
+def test_a_batch_takes_its_tenants_share(redis_server: ServerHandle) -> None:
+    from governor.celery import submit_batch
+
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    fair = {"rules": "10/s", "fair_by": "customer"}
+    app = new_app(redis_server.url(), q, governor_queues={q: fair})
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def report(customer: str, n: int) -> None:
+        rec.add(customer=customer, n=n)
+
+    with worker(app, [q], concurrency=4):
+        submit_batch(report.s("batch", n).set(queue=q) for n in range(40))
+        sent_b = time.time()
+        for n in range(5):
+            report.delay("B", n)
+        runs = rec.wait(45, timeout=30)
+    assert len(runs) == 45
+    b = sorted(r["t"] for r in runs if r["customer"] == "B")
+    batch = sorted(r["t"] for r in runs if r["customer"] == "batch")
+    assert b[-1] < batch[-1] and b[-1] - sent_b < 2.5, (b, batch[-1])

@@ -8,7 +8,8 @@ its task rules, its per-key rule), one after another, so the batch runs as early
 allow and in order. A call due within ``governor_park_after`` is published with that ETA and
 its booking; a later one is parked in Redis and released when nearly due. Compare
 ``governor plan`` (the same schedule, offline) and ``governor submit`` (this, with a progress
-bar).
+bar). Under a fair limit (``fair_by``) nothing is booked: the calls are sent at once and
+wait in the limit's fair queue, so a batch takes its tenant's share, not the whole quota.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
         specs.append(key_spec(task, key_config, args, kwargs))
     if not specs:
         return sig.apply_async(), None
+    if any(s.config.fair_by is not None for s in specs):
+        # a fair limit books nothing ahead (a booking would be a place taken from the other
+        # tenants): the call waits in its fair queue, placed by its tenant (see .fairness)
+        return sig.apply_async(queue=queue), None
     cost = calls.cost(task, args, kwargs)
     limiters = decider.limiters(specs)
     if not all(lim.books for lim, _ in limiters):
