@@ -44,6 +44,13 @@ def test_fair_options_are_checked() -> None:
         {"rules": "5/s", "fair_by": "customer", "weights": {"big": 4}}, "sliding_log", "x"
     )
     assert ok.fair_by == "customer" and ok.weight("big") == 4.0 and ok.weight("other") == 1.0
+    by_call = limit_config(
+        {"rules": "5/s", "fair_by": "c", "weights": lambda t: {"big": 4, "odd": -1}.get(t, 1)},
+        "sliding_log",
+        "x",
+    )
+    assert by_call.weight("big") == 4.0 and by_call.weight("x") == 1.0
+    assert by_call.weight("odd") == 1.0  # out of range: logged, counted as 1
     for bad in (
         {"rules": "5/s", "fair_by": "not a name"},
         {"rules": "5/s", "fair_by": "c", "weights": {"x": 0}},

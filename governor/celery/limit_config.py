@@ -4,6 +4,7 @@ setting's value (``"10/s, 800/d"`` or ``{"rules": ..., "algorithm": ..., "concur
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,8 @@ from ..algorithms import get_algorithm
 from ..caps import Cap
 from ..errors import ConfigError, GovernorError
 from ..rules import Rule, parse_rules
+
+logger = logging.getLogger("governor.celery")
 
 __all__ = ["LimitConfig", "limit_config"]
 
@@ -33,13 +36,23 @@ class LimitConfig:
     fair_by: Any = None
     """Share the limit fairly between tenants: a task argument's name, or a callable getting the
     task's arguments by name (see governor.celery.fairness); None: first come, first served."""
-    weights: tuple[tuple[str, float], ...] = ()
-    """Tenants' weights (default 1), as sorted pairs."""
+    weights: Any = ()
+    """Tenants' weights (default 1): sorted (tenant, weight) pairs, or a callable
+    ``weight(tenant) -> number`` (its errors and out-of-range answers count as 1, logged)."""
 
     def weight(self, tenant: str) -> float:
+        if callable(self.weights):
+            try:
+                w = self.weights(tenant)
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.001 <= w <= 1000:
+                    raise ValueError(f"weight {w!r} is not a number from 0.001 to 1000")
+                return float(w)
+            except Exception as exc:
+                logger.warning("governor: weight of tenant %r: %r; using 1", tenant, exc)
+                return 1.0
         for name, w in self.weights:
             if name == tenant:
-                return w
+                return float(w)
         return 1.0
 
     @property
@@ -60,7 +73,7 @@ def limit_config(
     concurrency = None
     shadow = adaptive = False
     fair_by: Any = None
-    weights: tuple[tuple[str, float], ...] = ()
+    weights: Any = ()
     if isinstance(value, Mapping):
         unknown = set(value) - {
             "rules",
@@ -102,9 +115,7 @@ def limit_config(
     return LimitConfig(parsed, name, concurrency, lease, shadow, adaptive, fair_by, weights)
 
 
-def fair_options(
-    value: Mapping[str, Any], where: str, capped: bool
-) -> tuple[Any, tuple[tuple[str, float], ...]]:
+def fair_options(value: Mapping[str, Any], where: str, capped: bool) -> tuple[Any, Any]:
     """``fair_by`` and ``weights`` of a limit's mapping, checked."""
     fair_by = value.get("fair_by")
     if fair_by is not None and not (
@@ -116,6 +127,10 @@ def fair_options(
     if fair_by is not None and capped:
         raise ConfigError(f"{where}: fair_by shares rates; it cannot be combined with a cap yet")
     raw = value.get("weights") or {}
+    if callable(raw):
+        if fair_by is None:
+            raise ConfigError(f"{where}: weights need fair_by")
+        return fair_by, raw
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: weights must be a mapping tenant -> weight, got {raw!r}")
     weights = []

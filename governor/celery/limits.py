@@ -75,7 +75,7 @@ def _own_config(task: Any, settings: Settings) -> LimitConfig | None:
     fair_by = option(task, "governor_fair_by")
     if fair_by is not None:
         value["fair_by"] = fair_by
-        value["weights"] = getattr(task, "governor_weights", None) or {}
+        value["weights"] = option(task, "governor_weights") or {}
     what = "governor_limit" if concurrency is None else "governor_limit/governor_concurrency"
     return limit_config(
         value, settings.algorithm, f"task {task.name!r} {what}", settings.concurrency_lease
