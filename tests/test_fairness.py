@@ -170,9 +170,10 @@ def test_status_shows_who_waits_in_a_fair_queue(redis_server: ServerHandle) -> N
     fq.put(client, "b0", "B", 1.0, None, "{}")
     runner = CliRunner(env={"COLUMNS": "200", "GOVERNOR_REDIS_URL": ""})
     status = runner.invoke(cli, ["status"], obj=app, catch_exceptions=False).stdout
-    assert "5/s (fair)" in status and "4 waiting fairly (A: 3, B: 1)" in status, status
+    assert "5/s (fair)" in status and "4 waiting fairly (A: 3 at 50%, B: 1 at 50%)" in status
     shown = runner.invoke(cli, ["inspect", "queue", q, "--json"], obj=app).stdout
     assert json.loads(shown)["fair_waiting"] == {"A": 3, "B": 1}
+    assert json.loads(shown)["fair_shares"] == {"A": 0.5, "B": 0.5}
 
 
 def test_tenant_waits_are_metrics_only_on_request() -> None:

@@ -94,6 +94,7 @@ def _config(config: Any) -> Config:
         bool(getattr(config, "shadow", False)),
         adaptive=bool(getattr(config, "adaptive", False)),
         fair=getattr(config, "fair_by", None) is not None,
+        weight=getattr(config, "weight", None),
     )
 
 

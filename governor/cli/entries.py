@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..limiter import Limiter
@@ -32,6 +32,8 @@ class Config:
     """An adaptive limit's factor now: ``rules`` are already scaled by it."""
     fair: bool = False
     """Shared fairly between tenants (``fair_by``): calls wait in a fair queue."""
+    weight: Any = field(default=None, compare=False)
+    """Under a fair limit: ``weight(tenant) -> float``."""
 
     @property
     def text(self) -> str:

@@ -64,6 +64,9 @@ class SubjectState:
     """Holders and waiters of its concurrency cap, if it has one."""
     tenants: dict[str, int] | None = None
     """Under a fair limit: calls waiting in its fair queue, per tenant."""
+    shares: dict[str, float] | None = None
+    """Under a fair limit: each waiting tenant's share of the limit now (its weight over the
+    waiting tenants' weights)."""
 
     @property
     def admits(self) -> bool:
@@ -181,7 +184,15 @@ def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState
         usage = lim.usage(subject)
         cap = lim.holders(subject) if lim.cap is not None else None
         tenants = fair_waiting(state, lim, subject) if entry.config.fair else None
-        return SubjectState(subject, entry.config.algorithm, usage, usage.booked, cap, tenants)
+        shares = None
+        if tenants:
+            weight = entry.config.weight or (lambda _t: 1.0)
+            weights = {t: weight(t) for t in tenants}
+            total = sum(weights.values())
+            shares = {t: w / total for t, w in weights.items()}
+        return SubjectState(
+            subject, entry.config.algorithm, usage, usage.booked, cap, tenants, shares
+        )
     algorithm = entry.algorithms[0] if entry.algorithms else None
     # the sliding log's view: blocks are shared by every algorithm; its bookings need no rules
     usage = entry.limiter(state, "sliding_log").usage(subject)

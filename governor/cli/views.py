@@ -81,7 +81,10 @@ def state_text(s: SubjectState) -> Text:
             parts.append((f"{cap.waiting} waiting for a slot", "yellow"))
     if s.tenants:
         top = sorted(s.tenants.items(), key=lambda kv: (-kv[1], kv[0]))
-        shown = ", ".join(f"{t or '-'}: {n}" for t, n in top[:3])
+        shares = s.shares or {}
+        shown = ", ".join(
+            f"{t or '-'}: {n}" + (f" at {shares[t]:.0%}" if t in shares else "") for t, n in top[:3]
+        )
         more = f", +{len(top) - 3} tenants" if len(top) > 3 else ""
         waiting = sum(s.tenants.values())
         parts.append((f"{waiting} waiting fairly ({shown}{more})", "yellow"))
@@ -192,6 +195,7 @@ def subject_json(s: SubjectState) -> dict[str, Any]:
         "booked_for": json_number(u.booked_for),
         "concurrency": cap_json(s.cap) if s.cap is not None else None,
         "fair_waiting": s.tenants,
+        "fair_shares": s.shares,
         "now": u.now,
     }
 
