@@ -583,3 +583,22 @@ def test_cli_and_doctor_on_the_cluster(
     assert not_a_cluster.exit_code == 3 and "Redis Cluster cannot be connected" in (
         not_a_cluster.stderr
     )
+
+
+def test_parking_shards_spread_over_the_cluster(rc: RedisCluster, prefix: str) -> None:
+    from governor.celery import parking
+
+    ids = [parking.new_parking_id(f"task{n}:1:ab", 8) for n in range(40)]
+    due = float(rc.time()[0])
+    for pid in ids:
+        parking.park(rc, prefix, pid, due, json.dumps({"due": due}))  # type: ignore[arg-type]
+    slots = {rc.keyslot(parking.keys(prefix, parking.shard_of(pid))[0]) for pid in ids}
+    ports = {_port_of(rc, parking.keys(prefix, parking.shard_of(pid))[0]) for pid in ids}
+    assert len(slots) >= 6 and len(ports) >= 2  # no single slot holds every parked task
+    assert parking.parked_count(rc, prefix, shards=8) == 40  # type: ignore[arg-type]
+    assert parking.claim_first_delivery(rc, prefix, ids[0], "t")  # type: ignore[arg-type]
+    _, taken = parking.take_due(rc, prefix, 5.0, 30.0, 100, shards=8)  # type: ignore[arg-type]
+    assert sorted(pid for pid, _ in taken) == sorted(ids)
+    for pid in ids:
+        parking.forget_released(rc, prefix, pid)  # type: ignore[arg-type]
+    assert parking.parked_count(rc, prefix, shards=8) == 0  # type: ignore[arg-type]

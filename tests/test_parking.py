@@ -115,3 +115,30 @@ def test_a_server_refusing_writes_is_unavailable_not_a_crash(
     with pytest.raises(StorageUnavailable) as info:
         lim.acquire("a", now=100.1)
     assert reply in str(info.value)
+
+
+def test_parking_shards_spread_and_release_every_shard(
+    redis_server: ServerHandle, prefix: str
+) -> None:
+    queue = f"pk-{uuid.uuid4().hex[:8]}"
+    app = _app(redis_server, queue)
+
+    @app.task(shared=False)
+    def job(n: int) -> None: ...
+
+    client = redis.Redis.from_url(redis_server.url(2))
+    due = float(client.time()[0])
+    ids = [parking.new_parking_id(f"task{n}:1:ab", 4) for n in range(20)]
+    assert len({parking.shard_of(i) for i in ids}) >= 3 and parking.shard_of("plain:1") is None
+    for n, pid in enumerate(ids):
+        sig = job.s(n).set(headers={"governor": {"waits": 1, "parked": pid}})
+        parking.park(client, prefix, pid, due, parking.envelope(app, sig, due, "test"))
+    parking.park(client, prefix, "old:1:cd", due, parking.envelope(app, job.s(99), due, "test"))
+    assert parking.parked_count(client, prefix, shards=4) == 21
+    assert parking.parked_count(client, prefix) == 1  # unsharded: only {parked}
+    assert parking.claim_first_delivery(client, prefix, ids[0], "t")
+    assert not parking.claim_first_delivery(client, prefix, ids[0], "other")
+    releaser_ = releaser.Releaser(app, lambda: client, prefix, horizon=5.0, shards=4)
+    assert releaser_.release_once() == 21
+    assert parking.parked_count(client, prefix, shards=4) == 0
+    assert len(_queued(redis_server, queue)) == 21

@@ -125,7 +125,9 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
     if settings.park_after is not None and outcome.delay > settings.park_after:
         task_id = options.get("task_id") or sig.id or _new_id()
         options["task_id"] = task_id
-        state.parked = f"{task_id}:0:{secrets.token_hex(4)}"
+        state.parked = parking.new_parking_id(
+            f"{task_id}:0:{secrets.token_hex(4)}", settings.parking_shards
+        )
         options["headers"][HEADER] = state.header()
         placed = sig.clone(**options)
         placed.options.pop("countdown", None)

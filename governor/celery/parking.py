@@ -20,6 +20,12 @@ Keys (one hash tag, so one Redis Cluster slot)::
     <prefix>:{parked}:msgs     HASH  parking id -> envelope (JSON)
     <prefix>:{parked}:lease    ZSET  parking id -> lease expiry (Unix ms)
     <prefix>:{parked}:seen:ID  STRING, 1 day: the release token of the copy that claimed it
+
+With ``governor_parking_shards = N`` (> 1; for a Redis Cluster) parked tasks spread over N such
+groups, ``{parked:0}`` ... ``{parked:N-1}``, each its own hash slot: a task's shard is part of
+its parking id (``s<K>~...``), so whoever holds the id finds its keys, and releasers take from
+every shard (and from ``{parked}``, where tasks parked before sharding wait). Raise N only:
+a shard past a lowered N is no longer released.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import base64
 import json
 import logging
 import secrets
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,15 +48,18 @@ from .waits import HEADER
 
 __all__ = [
     "HEADER",
+    "all_shards",
     "claim_first_delivery",
     "envelope",
     "eval_script",
     "forget_released",
     "keys",
+    "new_parking_id",
     "open_envelope",
     "park",
     "parked_count",
     "parked_entries",
+    "shard_of",
     "stamp_release",
     "take_due",
 ]
@@ -58,9 +68,33 @@ logger = logging.getLogger("governor.celery")
 SEEN_TTL_MS = 86_400_000
 
 
-def keys(prefix: str) -> tuple[str, str, str]:
-    head = f"{prefix}:{{parked}}:"
+def keys(prefix: str, shard: int | None = None) -> tuple[str, str, str]:
+    head = _head(prefix, shard)
     return head + "due", head + "msgs", head + "lease"
+
+
+def _head(prefix: str, shard: int | None) -> str:
+    return f"{prefix}:{{parked}}:" if shard is None else f"{prefix}:{{parked:{shard}}}:"
+
+
+def shard_of(parking_id: str) -> int | None:
+    """The shard a parking id names (``s<K>~...``), or None: the unsharded ``{parked}``."""
+    head, sep, _ = parking_id.partition("~")
+    if sep and head[:1] == "s" and head[1:].isdigit():
+        return int(head[1:])
+    return None
+
+
+def new_parking_id(base: str, shards: int) -> str:
+    """A parking id for ``base`` (task id, wait, random), in one of ``shards`` shards."""
+    if shards <= 1:
+        return base
+    return f"s{zlib.crc32(base.encode()) % shards}~{base}"
+
+
+def all_shards(shards: int) -> list[int | None]:
+    """Every group a releaser looks at: the unsharded one, then shards 0 .. shards-1."""
+    return [None] if shards <= 1 else [None, *range(shards)]
 
 
 def eval_script(client: redis.Redis, script: LuaScript, keys_: list[str], args: list[Any]) -> Any:
@@ -114,7 +148,7 @@ def open_envelope(app: Any, text: str | bytes) -> tuple[Any, float, dict[str, An
 
 def park(client: redis.Redis, prefix: str, parking_id: str, due: float, text: str) -> int:
     """Park one message (due: Unix seconds, Redis clock). Returns how many are parked."""
-    due_key, msgs_key, _ = keys(prefix)
+    due_key, msgs_key, _ = keys(prefix, shard_of(parking_id))
     return int(
         eval_script(
             client, plain_script("park"), [due_key, msgs_key], [parking_id, round(due * 1000), text]
@@ -128,7 +162,7 @@ def claim_first_delivery(
     """True when this copy of a released message may run: it is the first to claim the parking
     id, or the same copy again (same release ``token``: the broker redelivered or requeued it).
     False for another copy of the same parked task (a second release): drop it."""
-    key = f"{prefix}:{{parked}}:seen:{parking_id}"
+    key = f"{_head(prefix, shard_of(parking_id))}seen:{parking_id}"
     mark = token or "1"
     try:
         pipe = client.pipeline(transaction=True)
@@ -154,47 +188,56 @@ def stamp_release(sig: Any) -> str:
     return token
 
 
-def parked_count(client: redis.Redis, prefix: str, label: str | None = None) -> int:
+def parked_count(
+    client: redis.Redis, prefix: str, label: str | None = None, shards: int = 1
+) -> int:
     """Parked tasks (all, or those deferred by limit ``label``)."""
-    due_key, _, lease_key = keys(prefix)
     if label is None:
-        return int(client.zcard(due_key)) + int(client.zcard(lease_key))
-    return sum(1 for env in parked_entries(client, prefix) if env.get("label") == label)
+        total = 0
+        for shard in all_shards(shards):
+            due_key, _, lease_key = keys(prefix, shard)
+            total += int(client.zcard(due_key)) + int(client.zcard(lease_key))
+        return total
+    return sum(1 for env in parked_entries(client, prefix, shards) if env.get("label") == label)
 
 
-def parked_entries(client: redis.Redis, prefix: str) -> Iterator[dict[str, Any]]:
+def parked_entries(client: redis.Redis, prefix: str, shards: int = 1) -> Iterator[dict[str, Any]]:
     """Every parked envelope (HSCAN: fine for thousands; for operators, not hot paths)."""
-    _, msgs_key, _ = keys(prefix)
-    for _id, text in client.hscan_iter(msgs_key, count=500):
-        try:
-            yield json.loads(text)
-        except ValueError:
-            continue
+    for shard in all_shards(shards):
+        _, msgs_key, _ = keys(prefix, shard)
+        for _id, text in client.hscan_iter(msgs_key, count=500):
+            try:
+                yield json.loads(text)
+            except ValueError:
+                continue
 
 
 def take_due(
-    client: redis.Redis, prefix: str, horizon: float, lease: float, batch: int
+    client: redis.Redis, prefix: str, horizon: float, lease: float, batch: int, shards: int = 1
 ) -> tuple[float, list[tuple[str, bytes | str]]]:
     """Take what is due within ``horizon`` seconds (and what a dead releaser left), leased
-    for ``lease`` seconds: (Redis time, [(parking id, envelope)]). Publish each one, then
-    :func:`forget_released` it; what is not forgotten is taken again when its lease ends."""
-    due_key, msgs_key, lease_key = keys(prefix)
-    reply = eval_script(
-        client,
-        plain_script("release"),
-        [due_key, msgs_key, lease_key],
-        [round(horizon * 1000), round(lease * 1000), batch],
-    )
-    taken = [
-        (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
-        for i in range(1, len(reply), 2)
-    ]
-    return int(reply[0]) / 1000, taken
+    for ``lease`` seconds, from every shard: (Redis time, [(parking id, envelope)]), at most
+    ``batch`` a shard. Publish each one, then :func:`forget_released` it; what is not
+    forgotten is taken again when its lease ends."""
+    now, taken = 0.0, []
+    for shard in all_shards(shards):
+        reply = eval_script(
+            client,
+            plain_script("release"),
+            list(keys(prefix, shard)),
+            [round(horizon * 1000), round(lease * 1000), batch],
+        )
+        now = max(now, int(reply[0]) / 1000)
+        taken += [
+            (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
+            for i in range(1, len(reply), 2)
+        ]
+    return now, taken
 
 
 def forget_released(client: redis.Redis, prefix: str, parking_id: str) -> None:
     """A taken entry was published: remove it."""
-    _, msgs_key, lease_key = keys(prefix)
+    _, msgs_key, lease_key = keys(prefix, shard_of(parking_id))
     pipe = client.pipeline(transaction=True)
     pipe.zrem(lease_key, parking_id)
     pipe.hdel(msgs_key, parking_id)

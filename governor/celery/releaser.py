@@ -37,6 +37,7 @@ class Releaser:
         batch: int = 200,
         lead: float = 0.0,
         sweeper: Sweeper | None = None,
+        shards: int = 1,
     ) -> None:
         self.app = app
         self.client_factory = client_factory
@@ -48,6 +49,8 @@ class Releaser:
         self.lead = lead
         """Publish this long before the due time: a booked task arrives early (Settings.lead)."""
         self.sweeper = sweeper
+        self.shards = shards
+        """Parking shards to take from (``governor_parking_shards``)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -56,7 +59,9 @@ class Releaser:
         if self.horizon is None:
             return 0
         client = self.client_factory()
-        now, taken = parking.take_due(client, self.prefix, self.horizon, self.lease, self.batch)
+        now, taken = parking.take_due(
+            client, self.prefix, self.horizon, self.lease, self.batch, self.shards
+        )
         taken_at = time.monotonic()
         published = 0
         for parking_id, text in taken:
@@ -132,6 +137,7 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
             lease=settings.release_lease,
             lead=settings.lead,
             sweeper=sweeper,
+            shards=settings.parking_shards,
         )
         self.releaser.start()
 

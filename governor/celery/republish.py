@@ -66,7 +66,10 @@ class Republisher:
         # a booked task arrives a little early and closes in on its slot (Settings.lead)
         lead = self.settings.lead if outcome.slots else 0.0
         if park:
-            state.parked = f"{request.id}:{state.waits}:{secrets.token_hex(4)}"
+            state.parked = parking.new_parking_id(
+                f"{request.id}:{state.waits}:{secrets.token_hex(4)}",
+                self.settings.parking_shards,
+            )
         sig = task.signature_from_request(
             request,
             call.args,

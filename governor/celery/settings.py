@@ -29,6 +29,7 @@ setting                        meaning (default)
                                visibility timeout, at most 300; False: never park)
 ``governor_release_interval``  how often each worker's releaser looks for due tasks (1.0)
 ``governor_release_lease``     seconds a releaser may take to publish what it took (30.0)
+``governor_parking_shards``    parked tasks spread over this many hash slots (1; a Cluster: more)
 ``governor_backoff_base``      first pause of a ``Backoff`` that names no time, doubling with each
                                one in a row (1.0)
 ``governor_backoff_max``       longest such pause, seconds (300.0)
@@ -92,6 +93,7 @@ class Settings:
     park_after: float | None = 300.0
     release_interval: float = 1.0
     release_lease: float = 30.0
+    parking_shards: int = 1
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     metrics_tenants: bool = False
@@ -127,6 +129,14 @@ def seconds(value: Any, where: str, *, allow_none: bool = False, minimum: float 
     if value < minimum:
         raise ConfigError(f"{where} must be at least {minimum}, got {value!r}")
     return float(value)
+
+
+def _shards(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise ConfigError(
+            f"governor_parking_shards must be an integer from 1 to 1024, got {value!r}"
+        )
+    return value
 
 
 def fraction(value: Any, name: str) -> float:
@@ -222,6 +232,7 @@ def load_settings(conf: Any) -> Settings:
         metrics_tenants=bool(get("governor_metrics_tenants", False)),
         park_after=park_after,
         release_interval=release_interval,
+        parking_shards=_shards(get("governor_parking_shards", 1)),
         release_lease=seconds(
             get("governor_release_lease", 30.0), "governor_release_lease", minimum=0.1
         ),

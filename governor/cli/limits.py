@@ -257,4 +257,5 @@ def parked_count(state: State, entry: LimitEntry) -> int:
         parking = importlib.import_module("governor.celery.parking")
     except ImportError:
         return 0
-    return int(parking.parked_count(state.client, state.prefix, entry.label))
+    shards = settings_of(state.app).parking_shards if state.app is not None else 1
+    return int(parking.parked_count(state.client, state.prefix, entry.label, shards))
