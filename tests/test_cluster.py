@@ -594,6 +594,7 @@ def test_parking_shards_spread_over_the_cluster(rc: RedisCluster, prefix: str) -
         parking.park(rc, prefix, pid, due, json.dumps({"due": due}))  # type: ignore[arg-type]
     slots = {rc.keyslot(parking.keys(prefix, parking.shard_of(pid))[0]) for pid in ids}
     ports = {_port_of(rc, parking.keys(prefix, parking.shard_of(pid))[0]) for pid in ids}
+    print(f"\n40 parked with 8 shards: {len(slots)} slots on {len(ports)} masters")
     assert len(slots) >= 6 and len(ports) >= 2  # no single slot holds every parked task
     assert parking.parked_count(rc, prefix, shards=8) == 40  # type: ignore[arg-type]
     assert parking.claim_first_delivery(rc, prefix, ids[0], "t")  # type: ignore[arg-type]
