@@ -142,3 +142,32 @@ def test_parking_shards_spread_and_release_every_shard(
     assert releaser_.release_once() == 21
     assert parking.parked_count(client, prefix, shards=4) == 0
     assert len(_queued(redis_server, queue)) == 21
+
+
+def test_parking_waits_for_a_replica(redis_server: ServerHandle, prefix: str) -> None:
+    """With governor_park_replicas, a parked task counts only once a replica holds it; when
+    none acknowledges in time, the entry is removed and the caller keeps the original."""
+    from sentinels import LocalSentinel
+
+    from celery_helpers import wait_for
+    from governor.errors import StorageUnavailable
+
+    with LocalSentinel(sentinels=1, replicas=1) as setup:
+        client = redis.Redis(port=setup.master_port)
+        # the first sync waits for the master's diskless-sync delay (5 s by default)
+        synced = wait_for(
+            lambda: client.info("replication").get("slave0", {}).get("state"),
+            lambda state: state == "online",
+            timeout=20,
+        )
+        assert synced == "online"
+        due = float(client.time()[0]) + 60
+        assert parking.park(client, prefix, "ok:1:aa", due, "{}", replicas=1, timeout=2.0) == 1
+        replica = redis.Redis(port=setup.replica_ports[0])
+        assert replica.zscore(parking.keys(prefix)[0], "ok:1:aa") is not None
+        with pytest.raises(StorageUnavailable, match="1 of 2 replicas"):
+            parking.park(client, prefix, "no:1:bb", due, "{}", replicas=2, timeout=0.2)
+        assert client.zscore(parking.keys(prefix)[0], "no:1:bb") is None  # not left behind
+        assert parking.parked_count(client, prefix) == 1
+        client.close()
+        replica.close()

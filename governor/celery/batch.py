@@ -138,6 +138,8 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
                 state.parked,
                 due,
                 parking.envelope(app, placed, due, label),
+                settings.park_replicas,
+                settings.park_replica_timeout,
             )
         except Exception:
             decider.refund(outcome.held, cost)

@@ -146,14 +146,53 @@ def open_envelope(app: Any, text: str | bytes) -> tuple[Any, float, dict[str, An
     return app.signature(data), float(env["due"]), env
 
 
-def park(client: redis.Redis, prefix: str, parking_id: str, due: float, text: str) -> int:
-    """Park one message (due: Unix seconds, Redis clock). Returns how many are parked."""
+def park(
+    client: redis.Redis,
+    prefix: str,
+    parking_id: str,
+    due: float,
+    text: str,
+    replicas: int = 0,
+    timeout: float = 1.0,
+) -> int:
+    """Park one message (due: Unix seconds, Redis clock). Returns how many are parked.
+
+    ``replicas``: wait (Redis ``WAIT``) until that many replicas hold it, at most ``timeout``
+    seconds; if they do not, the entry is removed again and StorageUnavailable raised, so the
+    caller keeps the original message (a failover could have lost the parked copy)."""
     due_key, msgs_key, _ = keys(prefix, shard_of(parking_id))
-    return int(
+    parked = int(
         eval_script(
             client, plain_script("park"), [due_key, msgs_key], [parking_id, round(due * 1000), text]
         )
     )
+    if replicas > 0:
+        held = _wait(client, due_key, replicas, timeout)
+        if held < replicas:
+            pipe = client.pipeline(transaction=True)
+            pipe.zrem(due_key, parking_id)
+            pipe.hdel(msgs_key, parking_id)
+            pipe.execute()
+            raise StorageUnavailable(
+                f"a parked task reached {held} of {replicas} replicas within {timeout:g}s "
+                "(governor_park_replicas): kept the original message instead"
+            )
+    return parked
+
+
+def _wait(client: redis.Redis, key: str, replicas: int, timeout: float) -> int:
+    """``WAIT`` on the node that holds ``key`` (a cluster's master for its slot)."""
+    args: dict[str, Any] = {}
+    node_of = getattr(client, "get_node_from_key", None)
+    if node_of is not None:
+        args["target_nodes"] = node_of(key)
+    try:
+        reply = client.execute_command(  # type: ignore[no-untyped-call]
+            "WAIT", replicas, round(timeout * 1000), **args
+        )
+        return int(reply)
+    except (RedisError, RedisClusterException) as exc:
+        raise StorageUnavailable(f"Redis did not answer WAIT for a parked task: {exc}") from exc
 
 
 def claim_first_delivery(

@@ -87,6 +87,8 @@ class Republisher:
                     str(state.parked),
                     due,
                     parking.envelope(self.app, sig, due, label),
+                    self.settings.park_replicas,
+                    self.settings.park_replica_timeout,
                 )
                 signals.task_parked.send(sender=task, request=request, due=due, limit=label)
             else:

@@ -30,6 +30,8 @@ setting                        meaning (default)
 ``governor_release_interval``  how often each worker's releaser looks for due tasks (1.0)
 ``governor_release_lease``     seconds a releaser may take to publish what it took (30.0)
 ``governor_parking_shards``    parked tasks spread over this many hash slots (1; a Cluster: more)
+``governor_park_replicas``     a task is parked only once this many replicas hold it (WAIT, within
+                               ``governor_park_replica_timeout``, 1.0 s); else it stays (0)
 ``governor_backoff_base``      first pause of a ``Backoff`` that names no time, doubling with each
                                one in a row (1.0)
 ``governor_backoff_max``       longest such pause, seconds (300.0)
@@ -94,6 +96,8 @@ class Settings:
     release_interval: float = 1.0
     release_lease: float = 30.0
     parking_shards: int = 1
+    park_replicas: int = 0
+    park_replica_timeout: float = 1.0
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     metrics_tenants: bool = False
@@ -136,6 +140,12 @@ def _shards(value: Any) -> int:
         raise ConfigError(
             f"governor_parking_shards must be an integer from 1 to 1024, got {value!r}"
         )
+    return value
+
+
+def _replicas(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 16:
+        raise ConfigError(f"governor_park_replicas must be an integer from 0 to 16, got {value!r}")
     return value
 
 
@@ -233,6 +243,10 @@ def load_settings(conf: Any) -> Settings:
         park_after=park_after,
         release_interval=release_interval,
         parking_shards=_shards(get("governor_parking_shards", 1)),
+        park_replicas=_replicas(get("governor_park_replicas", 0)),
+        park_replica_timeout=seconds(
+            get("governor_park_replica_timeout", 1.0), "governor_park_replica_timeout", minimum=0.01
+        ),
         release_lease=seconds(
             get("governor_release_lease", 30.0), "governor_release_lease", minimum=0.1
         ),
