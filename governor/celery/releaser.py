@@ -33,7 +33,7 @@ class Releaser:
         prefix: str,
         horizon: float | None,
         interval: float = 1.0,
-        lease: float = 30.0,
+        lease: float = 5.0,
         batch: int = 200,
         lead: float = 0.0,
         sweeper: Sweeper | None = None,

@@ -28,7 +28,8 @@ setting                        meaning (default)
                                given to the broker as ETAs (default: half the broker's
                                visibility timeout, at most 300; False: never park)
 ``governor_release_interval``  how often each worker's releaser looks for due tasks (1.0)
-``governor_release_lease``     seconds a releaser may take to publish what it took (30.0)
+``governor_release_lease``     seconds a releaser may take to publish what it took (5.0; a take
+                               whose reply was lost, Redis hanging, holds its tasks that long)
 ``governor_parking_shards``    parked tasks spread over this many hash slots (1; a Cluster: more)
 ``governor_park_replicas``     a task is parked only once this many replicas hold it (WAIT, within
                                ``governor_park_replica_timeout``, 1.0 s); else it stays (0)
@@ -94,7 +95,7 @@ class Settings:
     concurrency_lease: float = 30.0
     park_after: float | None = 300.0
     release_interval: float = 1.0
-    release_lease: float = 30.0
+    release_lease: float = 5.0
     parking_shards: int = 1
     park_replicas: int = 0
     park_replica_timeout: float = 1.0
@@ -248,7 +249,7 @@ def load_settings(conf: Any) -> Settings:
             get("governor_park_replica_timeout", 1.0), "governor_park_replica_timeout", minimum=0.01
         ),
         release_lease=seconds(
-            get("governor_release_lease", 30.0), "governor_release_lease", minimum=0.1
+            get("governor_release_lease", 5.0), "governor_release_lease", minimum=0.1
         ),
         socket_timeout=seconds(
             get("governor_socket_timeout", 2.0), "governor_socket_timeout", minimum=0.01

@@ -1,0 +1,179 @@
+"""Fault scenarios on real processes, shared by tests/test_faults.py and bench/faults.py.
+
+Each runs a governed backlog (``TASKS`` no-op tasks under ``RULE``, long waits parked in Redis)
+on two `celery worker` nodes (prefork, 2 processes each) and injects one fault into the
+governor's Redis while tasks wait, then records: tasks lost, tasks run twice, the most starts
+in any second against the limit, and the longest gap between starts after the fault (how long
+decisions stopped). The broker is the suite's Redis, untouched by the faults.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from sentinels import LocalSentinel
+from worker_nodes import Nodes
+
+from governor.embedded import EmbeddedRedis
+
+TASKS = 40
+RULE = 10
+"""Per second: the backlog takes about TASKS / RULE seconds."""
+JITTER = 0.05
+"""How much later than its admission a body may start (see ``run``)."""
+FAULT_AT = 1.5
+"""Seconds after publishing that the fault is injected (tasks are parked by then)."""
+
+
+@dataclass
+class Outcome:
+    name: str
+    done: int
+    lost: int
+    twice: int
+    most: int
+    gap: float
+    took: float
+
+    def row(self) -> list[Any]:
+        return [
+            self.name, f"{self.done}/{TASKS}", self.lost, self.twice, f"{self.most} / {RULE}",
+            f"{self.gap:.1f} s", f"{self.took:.1f} s",
+        ]  # fmt: skip
+
+
+HEADER = ["fault", "done", "lost", "run twice", "most in 0.95 s / limit", "longest gap", "took"]
+
+
+def _conf(prefix: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "governor_prefix": prefix,
+        "governor_park_after": 1.0,
+        "governor_release_interval": 0.2,
+        "governor_socket_timeout": 1.0,
+        "governor_outage_retry": 0.5,
+        "governor_fail_mode": "closed",
+        **extra,
+    }
+
+
+def run(
+    name: str,
+    broker: str,
+    record: str,
+    store: str,
+    inject: Callable[[], None],
+    conf: dict[str, Any] | None = None,
+    timeout: float = 90.0,
+) -> Outcome:
+    queue = f"ft-{uuid.uuid4().hex[:6]}"
+    nodes = Nodes(
+        broker,
+        store,
+        record,
+        {queue: f"{RULE}/s"},
+        conf=_conf(f"gt{uuid.uuid4().hex[:8]}", conf or {}),
+    )
+    try:
+        nodes.start(2, concurrency=2, queues=[queue])
+        started = time.time()
+        nodes.publish(queue, TASKS)
+        time.sleep(max(0.0, FAULT_AT - (time.time() - started)))
+        fault = time.time()
+        inject()
+        deadline = time.monotonic() + timeout
+        runs = nodes.runs()
+        while len({r["n"] for r in runs}) < TASKS and time.monotonic() < deadline:
+            time.sleep(0.2)
+            runs = nodes.runs()
+    finally:
+        nodes.stop()
+    starts = sorted(r["t"] for r in runs)
+    # admissions are counted on Redis's clock; a body starts some ms after its admission, and
+    # after an outage many start at once, so starts are counted in windows 50 ms short
+    window = 1.0 - JITTER
+    most = max(
+        (sum(1 for t in starts[i:] if t < s + window) for i, s in enumerate(starts)), default=0
+    )
+    after = [fault, *[t for t in starts if t >= fault]]
+    gap = max((b - a for a, b in itertools.pairwise(after)), default=0.0)
+    unique = len({r["n"] for r in runs})
+    return Outcome(
+        name,
+        unique,
+        TASKS - unique,
+        len(runs) - unique,
+        most,
+        gap,
+        (starts[-1] - started) if starts else 0.0,
+    )
+
+
+def hang(broker: str, record: str) -> Outcome:
+    """The governor's Redis stops answering (SIGSTOP) for 3 s, longer than the socket timeout."""
+    with EmbeddedRedis(appendonly=True) as store:
+        pid = store.process.pid if store.process else 0
+
+        def inject() -> None:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(3.0)
+            os.kill(pid, signal.SIGCONT)
+
+        return run("Redis hangs 3 s (SIGSTOP)", broker, record, store.url(2), inject)
+
+
+def crash(broker: str, record: str, appendonly: bool = True) -> Outcome:
+    """The governor's Redis is SIGKILLed and restarted (with its append-only file, or none)."""
+    with EmbeddedRedis(appendonly=appendonly) as store:
+
+        def inject() -> None:
+            assert store.process is not None
+            store.process.kill()
+            store.process.wait(5)
+            store.process = None
+            time.sleep(0.5)
+            store.start()
+
+        what = "AOF" if appendonly else "no persistence"
+        return run(f"Redis SIGKILL + restart ({what})", broker, record, store.url(2), inject)
+
+
+def failover(broker: str, record: str) -> Outcome:
+    """``SENTINEL FAILOVER`` while tasks are parked (and parked only once a replica has them)."""
+    with LocalSentinel(sentinels=3, replicas=1) as setup:
+        master = redis.Redis(port=setup.master_port)
+        deadline = time.monotonic() + 20
+        while master.info("replication").get("slave0", {}).get("state") != "online":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not sync")
+            time.sleep(0.05)
+        master.close()
+        sentinel = redis.Redis(port=setup.sentinel_ports[0])
+
+        def inject() -> None:
+            sentinel.execute_command("SENTINEL", "FAILOVER", setup.master_name)
+
+        conf = {
+            "governor_redis_transport_options": {"master_name": setup.master_name},
+            "governor_park_replicas": 1,
+        }
+        try:
+            return run("Sentinel failover", broker, record, setup.url(2), inject, conf)
+        finally:
+            sentinel.close()
+
+
+SCENARIOS: dict[str, Callable[[str, str], Outcome]] = {
+    "hang": hang,
+    "crash": crash,
+    "crash-volatile": lambda b, r: crash(b, r, appendonly=False),
+    "failover": failover,
+}
