@@ -301,11 +301,12 @@ class GovernorGroup(click.Group):
 
 def _unavailable(name: str, exc: ImportError) -> click.Command:
     missing = exc.name or str(exc)
-    hint = (
-        "install governor's cli extra (pip install -e '.[cli]')"
-        if missing.startswith("rich")
-        else f"install {missing}"
-    )
+    if missing.startswith("rich"):
+        hint = "install governor's cli extra (pip install -e '.[cli]')"
+    elif missing.split(".")[0] in ("flask", "werkzeug", "jinja2", "markupsafe"):
+        hint = "install governor's dashboard extra (pip install -e '.[dashboard]')"
+    else:
+        hint = f"install {missing}"
 
     def fail() -> None:
         raise CliError(f"'governor {name}' needs {missing!r}, which is not installed: {hint}")
