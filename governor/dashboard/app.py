@@ -59,7 +59,7 @@ def find_entry(sampler: Sampler, name: str, subject: str) -> LimitEntry:
     """The limit ``name`` that ``subject`` belongs to, or a :class:`Problem` saying why not."""
     state = sampler.state
     try:
-        with user_errors():
+        with user_errors(state):
             entry = resolve(state, name, subject, None)
             if entry is not None:
                 return entry
@@ -77,10 +77,10 @@ def find_entry(sampler: Sampler, name: str, subject: str) -> LimitEntry:
     )
 
 
-def _redis(call: Any, *args: Any) -> Any:
+def _redis(state: State, call: Any, *args: Any) -> Any:
     """``call(*args)`` with Redis and governor errors as a :class:`Problem`."""
     try:
-        with user_errors():
+        with user_errors(state):
             return call(*args)
     except CliError as exc:
         raise Problem(exc.message, 503 if exc.exit_code == 3 else 400) from None
@@ -158,7 +158,7 @@ def create_app(
     def api_inspect() -> Any:
         name, subject = _arg(request.args, "name"), _arg(request.args, "subject")
         entry = find_entry(sampler, name, subject)
-        s = _redis(subject_state, state, entry, subject)
+        s = _redis(state, subject_state, state, entry, subject)
         sampler.record(entry.label, s)
         out = {**entry.describe(), **subject_payload(entry.label, s, sampler.history)}
         out["rules_text"] = entry.config.text if entry.config else None
@@ -190,7 +190,7 @@ def _write_routes(app: Flask, sampler: Sampler) -> None:
             raise Problem(str(exc)) from None
         reason = str(data.get("reason", ""))[:500]
         entry = find_entry(sampler, name, subject)
-        until = _redis(entry.limiter(state).block, subject, seconds, reason)
+        until = _redis(state, entry.limiter(state).block, subject, seconds, reason)
         log.warning("dashboard: blocked %s %s for %ss: %s", name, subject, seconds, reason)
         sampler.refresh()
         return jsonify(name=name, subject=subject, blocked=True, until=until, reason=reason)
@@ -200,7 +200,7 @@ def _write_routes(app: Flask, sampler: Sampler) -> None:
         data = _body()
         name, subject = _arg(data, "name"), _arg(data, "subject")
         entry = find_entry(sampler, name, subject)
-        was = _redis(entry.limiter(state).unblock, subject)
+        was = _redis(state, entry.limiter(state).unblock, subject)
         log.warning("dashboard: unblocked %s %s", name, subject)
         sampler.refresh()
         return jsonify(name=name, subject=subject, was_blocked=was)
@@ -210,7 +210,7 @@ def _write_routes(app: Flask, sampler: Sampler) -> None:
         data = _body()
         name, subject = _arg(data, "name"), _arg(data, "subject")
         find_entry(sampler, name, subject)
-        keys = _redis(forget_counts, state, name, subject)
+        keys = _redis(state, forget_counts, state, name, subject)
         log.warning("dashboard: reset %s %s (%d keys)", name, subject, keys)
         sampler.refresh()
         return jsonify(name=name, subject=subject, reset=True, keys=keys)

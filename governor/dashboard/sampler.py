@@ -210,7 +210,7 @@ class Sampler:
         with self._lock:
             started = time.monotonic()
             try:
-                with user_errors():
+                with user_errors(self.state):
                     limits, source, calls = read_limits(self.state, self.examine)
                     now = time.time()
                     parked, more = read_parked(self.state, now - self._parked_at >= PARKED_EVERY)
