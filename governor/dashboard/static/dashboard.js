@@ -125,7 +125,7 @@
         });
       }
       const table = el("table", { class: "subjects" },
-        el("thead", {}, el("tr", {}, ...["subject", "rule", "usage", "used", "rate", "last minute", "state"].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ...["subject", "rule", "usage", "used", "rate", "recent", "state"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...rows));
       const more = lim.matching_subjects > lim.subjects.length
         ? el("p", { class: "more" }, "… " + (lim.matching_subjects - lim.subjects.length) + " more subjects (search to find one)")

@@ -53,6 +53,8 @@ window.governorDashboard = (function () {
     const root = svg("svg", { viewBox: `0 0 ${w} ${h}`, class: "chart", width: w, height: h,
                               role: "img", "aria-label": "starts per second" });
     const now = points.length ? points[points.length - 1][0] : Date.now() / 1000;
+    // the span of what was sampled so far (at least 30 s), up to `span`
+    span = Math.min(span, Math.max(30, points.length ? now - points[0][0] : 0));
     const top = Math.max(limit || 0, ...points.map((p) => p[1]), 1e-9) * 1.15;
     const pad = axes ? 34 : 2;
     const x = (t) => pad + (w - pad - 2) * (1 - (now - t) / span);
