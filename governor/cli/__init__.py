@@ -13,6 +13,7 @@
     governor demo [--rules "20/s, 300/m"] [--json]  a local flood across two worker nodes
     governor -A proj limits set queue:emails "20/s"  change a limit for every worker (show, reset)
     governor doctor [--json]                        deployment checks (exit 1: something is wrong)
+    governor -A proj dashboard [--port 8055]        a live web page of every limit (read-only)
 
     governor -A proj status                         limits from a Celery app's configuration
     celery -A proj governor status                  the same, as a Celery sub-command
@@ -47,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo:demo",
     "limits": "live:limits",
     "doctor": "doctor:doctor",
+    "dashboard": "dashboard:dashboard",
 }
 """Command name -> ``module:attribute`` under ``governor.cli``."""
 

@@ -27,7 +27,7 @@ from .common import (
 )
 from .limits import LimitEntry, glob_escape, has_state, resolve
 
-__all__ = ["block", "reset", "unblock"]
+__all__ = ["block", "forget_counts", "reset", "unblock"]
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _rules = click.option("--rules", help="The limiter's rules (checked; not needed to block).")
@@ -43,6 +43,23 @@ def _entry(state: State, name: str, subject: str, rules: str | None) -> LimitEnt
             err=True,
         )
     return entry or LimitEntry("given", name, None, subject)
+
+
+def forget_counts(state: State, name: str, subject: str) -> int:
+    """Delete every state key of ``subject`` of limiter ``name``, whatever algorithm and rules
+    wrote it, but not its block; the number of keys deleted."""
+    state_key, block_key = Limiter(
+        state.client, (Rule(1, 1.0),), name=name, prefix=state.prefix
+    ).keys(subject)
+    pattern = glob_escape(state_key.rsplit(":", 1)[0] + ":") + "*"
+    doomed = [
+        k
+        for k in state.client.scan_iter(match=pattern, count=1000)
+        if (k.decode() if isinstance(k, bytes) else k) != block_key
+    ]
+    if doomed:
+        state.client.delete(*doomed)
+    return len(doomed)
 
 
 @click.command()
@@ -129,20 +146,9 @@ def reset(
             abort=True,
             err=True,
         )
-    # every state key of the subject, whatever algorithm and rules wrote it (not the block)
-    state_key, block_key = Limiter(
-        state.client, (Rule(1, 1.0),), name=name, prefix=state.prefix
-    ).keys(subject)
-    pattern = glob_escape(state_key.rsplit(":", 1)[0] + ":") + "*"
-    doomed = [
-        k
-        for k in state.client.scan_iter(match=pattern, count=1000)
-        if (k.decode() if isinstance(k, bytes) else k) != block_key
-    ]
-    if doomed:
-        state.client.delete(*doomed)
+    doomed = forget_counts(state, name, subject)
     if as_json:
-        echo_json({"name": name, "subject": subject, "reset": True, "keys": len(doomed)})
+        echo_json({"name": name, "subject": subject, "reset": True, "keys": doomed})
     elif doomed:
         click.echo(f"Reset {name} {subject}.")
     else:

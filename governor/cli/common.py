@@ -221,8 +221,14 @@ pass_state = click.make_pass_decorator(State)
 # -- error handling ---------------------------------------------------------------------------
 
 
-def _redis_message(exc: Exception) -> str:
-    state = click.get_current_context().find_object(State)
+def _state(given: State | None) -> State | None:
+    """The given state, else the current click command's (None outside of one)."""
+    ctx = click.get_current_context(silent=True)
+    return given if given is not None or ctx is None else ctx.find_object(State)
+
+
+def _redis_message(exc: Exception, state: State | None = None) -> str:
+    state = _state(state)
     where = f" at {mask_url(state.redis_url)}" if state else ""
     if isinstance(exc, AuthenticationError):
         return f"Redis{where} refused the credentials: {exc}. Fix the password in --redis-url"
@@ -233,8 +239,9 @@ def _redis_message(exc: Exception) -> str:
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn governor and redis errors into :class:`CliError` with the right exit code."""
+def user_errors(state: State | None = None) -> Iterator[None]:
+    """Turn governor and redis errors into :class:`CliError` with the right exit code
+    (``state`` names the Redis in messages; by default the current command's)."""
     try:
         yield
     except click.ClickException:
@@ -245,7 +252,7 @@ def user_errors() -> Iterator[None]:
         RedisTimeoutError,
         RedisClusterException,
     ) as exc:
-        raise CliError(_redis_message(exc), EXIT_UNREACHABLE) from None
+        raise CliError(_redis_message(exc, state), EXIT_UNREACHABLE) from None
     except GovernorError as exc:
         # bad input (ConfigError, RuleError, CostError, SubjectError) is a usage error;
         # StateError (a key holding something else) and the like are failures
@@ -253,7 +260,7 @@ def user_errors() -> Iterator[None]:
         raise CliError(str(exc), code) from None
     except RedisError as exc:
         if "DB index is out of range" in str(exc):
-            state = click.get_current_context().find_object(State)
+            state = _state(state)
             where = f" {mask_url(state.redis_url)!r}" if state else ""
             raise CliError(
                 f"bad Redis URL{where}: that server has no such database ({exc})", EXIT_USAGE
@@ -301,11 +308,12 @@ class GovernorGroup(click.Group):
 
 def _unavailable(name: str, exc: ImportError) -> click.Command:
     missing = exc.name or str(exc)
-    hint = (
-        "install governor's cli extra (pip install -e '.[cli]')"
-        if missing.startswith("rich")
-        else f"install {missing}"
-    )
+    if missing.startswith("rich"):
+        hint = "install governor's cli extra (pip install -e '.[cli]')"
+    elif missing.split(".")[0] in ("flask", "werkzeug", "jinja2", "markupsafe"):
+        hint = "install governor's dashboard extra (pip install -e '.[dashboard]')"
+    else:
+        hint = f"install {missing}"
 
     def fail() -> None:
         raise CliError(f"'governor {name}' needs {missing!r}, which is not installed: {hint}")

@@ -1,0 +1,67 @@
+"""Helpers for the dashboard's tests: an app with three kinds of limits, a dashboard on it."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+from celery import Celery
+
+from governor.celery import Governor
+from governor.cli.common import State
+
+
+def limits_app(url: str, prefix: str) -> Celery:
+    """A queue quota, a whole-task limit and a per-key limit (as the CLI's tests use)."""
+    app = Celery(f"dash-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    app.conf.governor_redis_url = url
+    app.conf.governor_prefix = prefix
+    app.conf.governor_queues = {"emails": "10/s"}
+    governor = Governor(app)
+
+    @governor.task(
+        "5/s, 200/h",
+        key=lambda customer_id, **_: customer_id,
+        limit_name="partner-api",
+        shared=False,
+    )
+    def call_partner(customer_id: str) -> None: ...
+
+    @app.task(name="dash.sync", governor_limit="3/m", shared=False)  # type: ignore[untyped-decorator]
+    def sync() -> None: ...
+
+    return app
+
+
+def state_of(app: Celery) -> State:
+    """What ``governor -A app`` would read: the app's Redis and prefix."""
+    return State(
+        redis_url=str(app.conf.governor_redis_url), prefix=str(app.conf.governor_prefix), app=app
+    )
+
+
+def get(url: str) -> tuple[int, Any]:
+    """(status, JSON or text) of a GET; HTTP errors are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            status, body, kind = response.status, response.read(), response.headers
+    except urllib.error.HTTPError as exc:
+        status, body, kind = exc.code, exc.read(), exc.headers
+    text = body.decode()
+    return status, json.loads(text) if "json" in kind.get("Content-Type", "") else text
+
+
+def post(url: str, data: Any, content_type: str = "application/json") -> tuple[int, Any]:
+    body = json.dumps(data).encode() if content_type == "application/json" else data.encode()
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode()
+        return exc.code, json.loads(text) if text.startswith("{") else text
