@@ -2,12 +2,15 @@
 Selenium) against the suite's real Redis and a real Celery worker.
 
 Skipped, with the reason, only when the browser is not installed (``.ci/run`` installs it).
-The screenshots they take are the README's (docs/dashboard*.png).
+The screenshots they take are the README's (docs/dashboard*.png) when GOVERNOR_SCREENSHOTS=docs
+names the folder; otherwise they go to the temporary directory.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,7 +34,8 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(os.environ.get("GOVERNOR_SCREENSHOTS") or tempfile.gettempdir())
+"""Where the screenshots go: the README's are made with ``GOVERNOR_SCREENSHOTS=docs``."""
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="no chromium/chromedriver: apt-get install -y chromium chromium-driver",
