@@ -146,8 +146,9 @@ def crash(broker: str, record: str, appendonly: bool = True) -> Outcome:
         return run(f"Redis SIGKILL + restart ({what})", broker, record, store.url(2), inject)
 
 
-def failover(broker: str, record: str) -> Outcome:
-    """``SENTINEL FAILOVER`` while tasks are parked (and parked only once a replica has them)."""
+def failover(broker: str, record: str, kill: bool = False, replicas: int = 1) -> Outcome:
+    """``SENTINEL FAILOVER`` (or SIGKILL of the master) while tasks are parked (and parked only
+    once a replica has them)."""
     with LocalSentinel(sentinels=3, replicas=1) as setup:
         master = redis.Redis(port=setup.master_port)
         deadline = time.monotonic() + 20
@@ -159,14 +160,20 @@ def failover(broker: str, record: str) -> Outcome:
         sentinel = redis.Redis(port=setup.sentinel_ports[0])
 
         def inject() -> None:
-            sentinel.execute_command("SENTINEL", "FAILOVER", setup.master_name)
+            if kill and setup.master.process is not None:
+                setup.master.process.kill()  # the sentinels notice after 1 s and fail over
+            else:
+                sentinel.execute_command("SENTINEL", "FAILOVER", setup.master_name)
 
         conf = {
             "governor_redis_transport_options": {"master_name": setup.master_name},
-            "governor_park_replicas": 1,
+            "governor_park_replicas": replicas,
+            "governor_park_replica_timeout": 0.5,
         }
         try:
-            return run("Sentinel failover", broker, record, setup.url(2), inject, conf)
+            name = "Sentinel: master SIGKILLed" if kill else "Sentinel failover"
+            name += "" if replicas else " (no WAIT)"
+            return run(name, broker, record, setup.url(2), inject, conf)
         finally:
             sentinel.close()
 
@@ -176,4 +183,6 @@ SCENARIOS: dict[str, Callable[[str, str], Outcome]] = {
     "crash": crash,
     "crash-volatile": lambda b, r: crash(b, r, appendonly=False),
     "failover": failover,
+    "failover-kill": lambda b, r: failover(b, r, kill=True),
+    "failover-kill-nowait": lambda b, r: failover(b, r, kill=True, replicas=0),
 }

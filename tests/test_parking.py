@@ -145,12 +145,11 @@ def test_parking_shards_spread_and_release_every_shard(
 
 
 def test_parking_waits_for_a_replica(redis_server: ServerHandle, prefix: str) -> None:
-    """With governor_park_replicas, a parked task counts only once a replica holds it; when
-    none acknowledges in time, the entry is removed and the caller keeps the original."""
+    """With governor_park_replicas, parking waits until a replica holds the task; when too few
+    acknowledge in time, it stays parked with a warning."""
     from sentinels import LocalSentinel
 
     from celery_helpers import wait_for
-    from governor.errors import StorageUnavailable
 
     with LocalSentinel(sentinels=1, replicas=1) as setup:
         client = redis.Redis(port=setup.master_port)
@@ -165,9 +164,8 @@ def test_parking_waits_for_a_replica(redis_server: ServerHandle, prefix: str) ->
         assert parking.park(client, prefix, "ok:1:aa", due, "{}", replicas=1, timeout=2.0) == 1
         replica = redis.Redis(port=setup.replica_ports[0])
         assert replica.zscore(parking.keys(prefix)[0], "ok:1:aa") is not None
-        with pytest.raises(StorageUnavailable, match="1 of 2 replicas"):
-            parking.park(client, prefix, "no:1:bb", due, "{}", replicas=2, timeout=0.2)
-        assert client.zscore(parking.keys(prefix)[0], "no:1:bb") is None  # not left behind
-        assert parking.parked_count(client, prefix) == 1
+        # too few replicas: it stays parked (a releaser may be publishing it), with a warning
+        assert parking.park(client, prefix, "few:1:bb", due, "{}", replicas=2, timeout=0.2) == 2
+        assert parking.parked_count(client, prefix) == 2
         client.close()
         replica.close()

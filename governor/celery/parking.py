@@ -34,6 +34,7 @@ import base64
 import json
 import logging
 import secrets
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -66,6 +67,11 @@ __all__ = [
 
 logger = logging.getLogger("governor.celery")
 SEEN_TTL_MS = 86_400_000
+UNREPLICATED_PAUSE = 30.0
+"""After replicas failed to acknowledge a parked task, a process parks without ``WAIT`` for
+this long: with no replica left (after a failover) every ``WAIT`` would block its full
+timeout, and deferrals that slow keep tasks from starting on their slots."""
+_unreplicated_until = 0.0
 
 
 def keys(prefix: str, shard: int | None = None) -> tuple[str, str, str]:
@@ -158,24 +164,30 @@ def park(
     """Park one message (due: Unix seconds, Redis clock). Returns how many are parked.
 
     ``replicas``: wait (Redis ``WAIT``) until that many replicas hold it, at most ``timeout``
-    seconds; if they do not, the entry is removed again and StorageUnavailable raised, so the
-    caller keeps the original message (a failover could have lost the parked copy)."""
+    seconds, before the caller acknowledges the original message; if they do not (no replica
+    left after a failover, say), it stays parked with a warning: it is not taken back, since a
+    releaser may already be publishing it."""
     due_key, msgs_key, _ = keys(prefix, shard_of(parking_id))
     parked = int(
         eval_script(
             client, plain_script("park"), [due_key, msgs_key], [parking_id, round(due * 1000), text]
         )
     )
-    if replicas > 0:
-        held = _wait(client, due_key, replicas, timeout)
-        if held < replicas:
-            pipe = client.pipeline(transaction=True)
-            pipe.zrem(due_key, parking_id)
-            pipe.hdel(msgs_key, parking_id)
-            pipe.execute()
-            raise StorageUnavailable(
-                f"a parked task reached {held} of {replicas} replicas within {timeout:g}s "
-                "(governor_park_replicas): kept the original message instead"
+    global _unreplicated_until
+    if replicas > 0 and time.monotonic() >= _unreplicated_until:
+        try:
+            held = _wait(client, due_key, replicas, timeout)
+            why = f"reached {held} of {replicas} replicas within {timeout:g}s"
+        except StorageUnavailable as exc:
+            held, why = 0, str(exc)
+        if held < replicas:  # kept parked: taking it back would race the releasers
+            _unreplicated_until = time.monotonic() + UNREPLICATED_PAUSE
+            logger.warning(
+                "governor: a parked task %s (governor_park_replicas): it stays parked, and "
+                "this process parks without waiting for %.0fs (a failover now could lose what "
+                "it parks)",
+                why,
+                UNREPLICATED_PAUSE,
             )
     return parked
 

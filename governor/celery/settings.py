@@ -31,8 +31,8 @@ setting                        meaning (default)
 ``governor_release_lease``     seconds a releaser may take to publish what it took (5.0; a take
                                whose reply was lost, Redis hanging, holds its tasks that long)
 ``governor_parking_shards``    parked tasks spread over this many hash slots (1; a Cluster: more)
-``governor_park_replicas``     a task is parked only once this many replicas hold it (WAIT, within
-                               ``governor_park_replica_timeout``, 1.0 s); else it stays (0)
+``governor_park_replicas``     a parked task waits until this many replicas hold it (WAIT, within
+                               ``governor_park_replica_timeout``, 1.0 s; else it stays, warned) (0)
 ``governor_backoff_base``      first pause of a ``Backoff`` that names no time, doubling with each
                                one in a row (1.0)
 ``governor_backoff_max``       longest such pause, seconds (300.0)
@@ -224,6 +224,17 @@ def load_settings(conf: Any) -> Settings:
             f"governor_backoff_max ({backoff_max:g}s) must not be below governor_backoff_base "
             f"({backoff_base:g}s)"
         )
+    replica_timeout = seconds(
+        get("governor_park_replica_timeout", 1.0), "governor_park_replica_timeout", minimum=0.01
+    )
+    socket_timeout = seconds(
+        get("governor_socket_timeout", 2.0), "governor_socket_timeout", minimum=0.01
+    )
+    if get("governor_park_replicas", 0) and replica_timeout >= socket_timeout:
+        raise ConfigError(
+            f"governor_park_replica_timeout ({replica_timeout:g}s) must be below "
+            f"governor_socket_timeout ({socket_timeout:g}s): WAIT blocks the connection"
+        )
     return Settings(
         redis_url=redis_url,
         redis=redis,
@@ -245,9 +256,7 @@ def load_settings(conf: Any) -> Settings:
         release_interval=release_interval,
         parking_shards=_shards(get("governor_parking_shards", 1)),
         park_replicas=_replicas(get("governor_park_replicas", 0)),
-        park_replica_timeout=seconds(
-            get("governor_park_replica_timeout", 1.0), "governor_park_replica_timeout", minimum=0.01
-        ),
+        park_replica_timeout=replica_timeout,
         release_lease=seconds(
             get("governor_release_lease", 5.0), "governor_release_lease", minimum=0.1
         ),
