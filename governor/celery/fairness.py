@@ -79,14 +79,14 @@ class FairQueue:
     limiter: Limiter
     subject: str
 
-    def keys(self, *kinds: str) -> list[str]:
+    def key_names(self, *kinds: str) -> list[str]:
         head = self.limiter.keys(self.subject)[1][: -len("block")]
         return [head + kind for kind in kinds]
 
     def put(
         self, client: Any, member_id: str, tenant: str, step: float, tag: float | None, text: str
     ) -> tuple[float, int]:
-        keys = self.keys("fq", "fm", "ft", "fv", "fn")
+        keys = self.key_names("fq", "fm", "ft", "fv", "fn")
         args = [member_id, tenant, repr(step), "" if tag is None else repr(tag), text, KEEP_MS]
         new_tag, waiting = eval_script(client, plain_script("fair_put"), keys, args)
         return float(new_tag), int(waiting)
@@ -97,7 +97,7 @@ class FairQueue:
         """(calls still waiting, calls sent on and not arrived, [(member, "tenant\\ntag\\nenvelope",
         tag or "")]). ``booked``: the caller booked a moment for each, so calls sent on and not
         arrived yet take no room from ``room``."""
-        keys = self.keys("fq", "fm", "ft", "fv", "fn", "fl")
+        keys = self.key_names("fq", "fm", "ft", "fv", "fn", "fl")
         reply = eval_script(client, plain_script("fair_take"), keys, [room, SENT_LEASE_MS, most])
         out = []
         for i in range(2, len(reply), 3):
@@ -105,14 +105,14 @@ class FairQueue:
         return int(reply[0]), int(reply[1]), out
 
     def claim(self, client: Any, member: str, token: str) -> bool:
-        keys = self.keys("fq", "fm", "ft", "fv", "fn", "fl", "fs", "fx")
+        keys = self.key_names("fq", "fm", "ft", "fv", "fn", "fl", "fs", "fx")
         return bool(
             eval_script(client, plain_script("fair_claim"), keys, [member, token, CLAIMS_MS])
         )
 
     def waiting(self, client: Any) -> dict[str, int]:
         """Calls waiting per tenant."""
-        raw = client.hgetall(self.keys("fn")[0])
+        raw = client.hgetall(self.key_names("fn")[0])
         return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
 
     def describe(self) -> str:
