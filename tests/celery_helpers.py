@@ -116,3 +116,30 @@ def wait_for(
         time.sleep(every)
         value = read()
     return value
+
+
+def limits_app(url: str, prefix: str, name: str, module: str) -> Celery:
+    """A Celery app with a queue quota (``emails``), a whole-task limit (task ``<name>.sync``)
+    and a per-key limit (``partner-api``, task ``<module>.call_partner``): what the CLI and
+    dashboard tests show."""
+    from governor.celery import Governor
+
+    app = Celery(f"{name}app-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    app.conf.governor_redis_url = url
+    app.conf.governor_prefix = prefix
+    app.conf.governor_queues = {"emails": "10/s"}
+    governor = Governor(app)
+
+    @governor.task(
+        "5/s, 200/h",
+        key=lambda customer_id, **_: customer_id,
+        limit_name="partner-api",
+        name=f"{module}.call_partner",
+        shared=False,
+    )
+    def call_partner(customer_id: str) -> None: ...
+
+    @app.task(name=f"{name}.sync", governor_limit="3/m", shared=False)  # type: ignore[untyped-decorator]
+    def sync() -> None: ...
+
+    return app

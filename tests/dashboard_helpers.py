@@ -5,35 +5,17 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-import uuid
 from typing import Any
 
 from celery import Celery
 
-from governor.celery import Governor
+from celery_helpers import limits_app as shared_limits_app
 from governor.cli.common import State
 
 
 def limits_app(url: str, prefix: str) -> Celery:
     """A queue quota, a whole-task limit and a per-key limit (as the CLI's tests use)."""
-    app = Celery(f"dash-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    app.conf.governor_redis_url = url
-    app.conf.governor_prefix = prefix
-    app.conf.governor_queues = {"emails": "10/s"}
-    governor = Governor(app)
-
-    @governor.task(
-        "5/s, 200/h",
-        key=lambda customer_id, **_: customer_id,
-        limit_name="partner-api",
-        shared=False,
-    )
-    def call_partner(customer_id: str) -> None: ...
-
-    @app.task(name="dash.sync", governor_limit="3/m", shared=False)  # type: ignore[untyped-decorator]
-    def sync() -> None: ...
-
-    return app
+    return shared_limits_app(url, prefix, "dash", __name__)
 
 
 def state_of(app: Celery) -> State:

@@ -17,6 +17,7 @@ import redis
 from celery import Celery
 from click.testing import CliRunner, Result
 
+from celery_helpers import limits_app
 from conftest import ServerHandle
 from governor import Limiter
 from governor.celery import Governor
@@ -54,24 +55,7 @@ def no_traceback(result: Result) -> None:
 
 def make_app(url: str, prefix: str) -> Celery:
     """A Celery app with a queue quota, a whole-task limit and a per-key limit."""
-    app = Celery(f"cliapp-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    app.conf.governor_redis_url = url
-    app.conf.governor_prefix = prefix
-    app.conf.governor_queues = {"emails": "10/s"}
-    governor = Governor(app)
-
-    @governor.task(
-        "5/s, 200/h",
-        key=lambda customer_id, **_: customer_id,
-        limit_name="partner-api",
-        shared=False,
-    )
-    def call_partner(customer_id: str) -> None: ...
-
-    @app.task(name="cli.sync", governor_limit="3/m", shared=False)  # type: ignore[untyped-decorator]
-    def sync() -> None: ...
-
-    return app
+    return limits_app(url, prefix, "cli", __name__)
 
 
 # -- plan (offline) ---------------------------------------------------------------------------
@@ -504,8 +488,6 @@ def test_submit_books_a_batch(redis_server: Any, tmp_path: Any) -> None:
     import uuid as _uuid
 
     from celery import Celery
-
-    from governor.celery import Governor
 
     base = redis_server.url(0).rsplit("/", 1)[0]
     queue = f"sub-{_uuid.uuid4().hex[:6]}"

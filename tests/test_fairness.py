@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -17,6 +18,21 @@ from governor.celery import Governor
 from governor.celery.fairness import FairQueue
 from governor.celery.settings import limit_config
 from governor.errors import ConfigError
+
+
+def reports_app(redis_server: ServerHandle, fair: dict[str, Any]) -> tuple[Any, str, Any, Any]:
+    """An app whose queue has the ``fair`` limit, and its ``report(customer, n)`` task, which
+    records each call: (app, queue, recorder, task)."""
+    q = f"q-{uuid.uuid4().hex[:8]}"
+    app = new_app(redis_server.url(), q, governor_queues={q: fair})
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def report(customer: str, n: int) -> None:
+        rec.add(customer=customer, n=n)
+
+    return app, q, rec, report
 
 
 def test_tags_interleave_tenants_and_a_late_one_starts_level(r: redis.Redis, prefix: str) -> None:
@@ -63,16 +79,7 @@ def test_fair_options_are_checked() -> None:
 
 
 def test_a_late_tenant_is_served_beside_a_flood(redis_server: ServerHandle) -> None:
-    q = f"q-{uuid.uuid4().hex[:8]}"
-    app = new_app(
-        redis_server.url(), q, governor_queues={q: {"rules": "10/s", "fair_by": "customer"}}
-    )
-    Governor(app)
-    rec = Recorder(redis_server.url())
-
-    @app.task(shared=False)
-    def report(customer: str, n: int) -> None:
-        rec.add(customer=customer, n=n)
+    app, q, rec, report = reports_app(redis_server, {"rules": "10/s", "fair_by": "customer"})
 
     with worker(app, [q], concurrency=4):
         start = time.time()
@@ -100,15 +107,8 @@ def test_a_late_tenant_is_served_beside_a_flood(redis_server: ServerHandle) -> N
 
 
 def test_weights_split_the_quota(redis_server: ServerHandle) -> None:
-    q = f"q-{uuid.uuid4().hex[:8]}"
     fair = {"rules": "10/s", "fair_by": "customer", "weights": {"A": 3}}
-    app = new_app(redis_server.url(), q, governor_queues={q: fair})
-    Governor(app)
-    rec = Recorder(redis_server.url())
-
-    @app.task(shared=False)
-    def report(customer: str, n: int) -> None:
-        rec.add(customer=customer, n=n)
+    app, q, rec, report = reports_app(redis_server, fair)
 
     with worker(app, [q], concurrency=4):
         for customer in ("A", "B"):
@@ -216,15 +216,7 @@ def test_weights_change_live(redis_server: ServerHandle) -> None:
 def test_a_batch_takes_its_tenants_share(redis_server: ServerHandle) -> None:
     from governor.celery import submit_batch
 
-    q = f"q-{uuid.uuid4().hex[:8]}"
-    fair = {"rules": "10/s", "fair_by": "customer"}
-    app = new_app(redis_server.url(), q, governor_queues={q: fair})
-    Governor(app)
-    rec = Recorder(redis_server.url())
-
-    @app.task(shared=False)
-    def report(customer: str, n: int) -> None:
-        rec.add(customer=customer, n=n)
+    app, q, rec, report = reports_app(redis_server, {"rules": "10/s", "fair_by": "customer"})
 
     with worker(app, [q], concurrency=4):
         submit_batch(report.s("batch", n).set(queue=q) for n in range(40))

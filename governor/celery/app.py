@@ -143,19 +143,19 @@ class Governor:
     @property
     def uses_caps(self) -> bool:
         """Whether any limit of the app has a concurrency cap (its workers then sweep caps)."""
-        settings = self.settings
-        configured = list(settings.queues.values()) + list(settings.tasks.values())
-        return any(c.concurrency is not None for c in configured) or any(
-            getattr(t, "governor_concurrency", None) is not None for t in self.app.tasks.values()
-        )
+        return self._any_limit("concurrency", "governor_concurrency")
 
     @property
     def uses_fairness(self) -> bool:
         """Whether any limit of the app is fair (its workers then run a fair dispatcher)."""
+        return self._any_limit("fair_by", "governor_fair_by")
+
+    def _any_limit(self, config_field: str, task_attribute: str) -> bool:
+        """Whether a configured limit sets ``config_field`` or a task ``task_attribute``."""
         settings = self.settings
         configured = list(settings.queues.values()) + list(settings.tasks.values())
-        return any(c.fair_by is not None for c in configured) or any(
-            getattr(t, "governor_fair_by", None) is not None for t in self.app.tasks.values()
+        return any(getattr(c, config_field) is not None for c in configured) or any(
+            getattr(t, task_attribute, None) is not None for t in self.app.tasks.values()
         )
 
     def _has_task_limits(self) -> bool:
