@@ -10,7 +10,11 @@ from typing import Any
 from .decision import Pause
 from .errors import ConfigError
 
-__all__ = ["block_call", "parse_pause", "pause_call", "us"]
+__all__ = ["PAUSE_MARK", "block_call", "block_reason", "parse_pause", "pause_call", "us"]
+
+PAUSE_MARK = "\x1e"
+"""Stored before the reason of a block that an upstream pause made (``pause.lua``), so readers
+tell a pause from a manual block; :func:`block_reason` takes it off."""
 
 Call = tuple[list[str], list[bytes | str | int]]
 
@@ -57,7 +61,15 @@ def pause_call(
         if duration < 1:
             raise ConfigError(f"a pause must be positive, got {seconds!r}")
     at = "" if now is None else us(now, "now")
-    return [key, level_key], [at, duration, reason[:500], base_us, max_us]
+    return [key, level_key], [at, duration, PAUSE_MARK + reason[:500], base_us, max_us]
+
+
+def block_reason(raw: bytes | str) -> tuple[str, bool]:
+    """A stored block reason as (the reason, whether an upstream pause made the block)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if text.startswith(PAUSE_MARK):
+        return text[len(PAUSE_MARK) :], True
+    return text, False
 
 
 def parse_pause(reply: Sequence[Any]) -> Pause:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .algorithms import Algorithm, get_algorithm
-from .blocks import block_call, parse_pause, pause_call
+from .blocks import block_call, block_reason, parse_pause, pause_call
 from .blocks import us as _us
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token
 from .decision import Decision, Hold, Pause, RuleUsage, Slot, Usage, seconds
@@ -271,7 +271,7 @@ class LimiterBase:
             remaining=remaining,
             reset_after=seconds(reset),
             rule=self.rules[rule - 1] if rule > 0 else None,
-            blocked=_text(parts[8]) if rule == -1 else None,
+            blocked=block_reason(parts[8])[0] if rule == -1 else None,
             now=now / 1_000_000,
             slot=Slot(start, end) if end else None,
             cost=cost,
@@ -301,6 +301,7 @@ class LimiterBase:
     def _usage(self, subject: Subject, reply: Sequence[Any]) -> Usage:
         now, until, reason, booked, last = reply[0], reply[1], reply[2], reply[3], reply[4]
         per = reply[5:]
+        text, paused = block_reason(reason) if until else (None, False)
         return Usage(
             name=self.name,
             subject=subject_text(subject),
@@ -309,8 +310,9 @@ class LimiterBase:
                 RuleUsage(rule, per[3 * i], seconds(per[3 * i + 1]), seconds(per[3 * i + 2]))
                 for i, rule in enumerate(self.rules)
             ),
-            blocked=_text(reason) if until else None,
+            blocked=text,
             blocked_for=max(0.0, (until - now) / 1_000_000) if until else 0.0,
+            paused=paused,
             booked=booked,
             booked_for=max(0.0, (last - now) / 1_000_000) if last else 0.0,
         )

@@ -151,6 +151,8 @@ class Usage:
     many: :attr:`booked_for` tells how far the bookings reach."""
     booked_for: float = 0.0
     """Seconds until the last booking held starts (0.0 when none)."""
+    paused: bool = False
+    """The block is an upstream pause (:meth:`~governor.Limiter.pause`), not a manual block."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -294,6 +294,20 @@ def test_cli_with_sentinel_master(sentinel: LocalSentinel, prefix: str) -> None:
     inspect = invoke(*flags, "inspect", "partner-api", "c1", "--rules", "5/s", "--json")
     assert inspect.exit_code == 0 and json.loads(inspect.stdout)["rules"][0]["used"] == 1
 
+    pytest.importorskip("flask", reason="the dashboard extra is not installed")
+    from dashboard_helpers import get
+
+    from governor.cli.common import State
+    from governor.dashboard.server import Dashboard
+
+    state = State(redis_url=url, prefix=prefix, sentinel_master=MASTER)
+    with Dashboard(state, port=0, interval=0.3) as board:  # the dashboard takes the same options
+        data = get(f"{board.url}/api/limits")[1]
+        assert data["error"] is None and [x["name"] for x in data["limits"]] == ["partner-api"]
+        assert "sentinel://" in get(board.url)[1]
+        listed = get(f"{board.url}/api/limit?label=partner-api")[1]
+        assert [s["subject"] for s in listed["subjects"]] == ["c1"]
+
     from_env = invoke(
         "status", "--json", GOVERNOR_REDIS_URL=url, GOVERNOR_SENTINEL_MASTER=MASTER,
         GOVERNOR_PREFIX=prefix,

@@ -33,7 +33,7 @@ def test_overview_search_paging_and_inspect(
         assert status == 200 and data["source"] == "app" and data["error"] is None
         labels = [x["label"] for x in data["limits"]]
         assert labels == ["queue:emails", "task:dash.sync", "partner-api"]
-        assert data["summary"] == {"limits": 3, "subjects": 5, "blocked": 1, "full": 1}
+        assert data["summary"] == {"limits": 3, "subjects": 5, "blocked": 1, "paused": 0, "full": 1}
         assert 0 < data["calls"] < 20 and data["writes"] is False
         keyed = data["limits"][2]
         assert [s["subject"] for s in keyed["subjects"]] == ["c3", "c2", "c1"]
@@ -69,6 +69,58 @@ def test_overview_search_paging_and_inspect(
 
         status, page = get(f"{board.url}/inspect?name=partner-api&subject=c3")
         assert status == 200 and 'data-subject="c3"' in page and "writes allowed" not in page
+
+
+def test_a_limit_page_lists_every_subject_with_pauses_and_live_rules(
+    redis_server: ServerHandle, prefix: str, r: redis.Redis
+) -> None:
+    """The overview shows a few subjects per limit; a limit's page pages through all of them
+    (by name, searchable). A pause from upstream feedback shows as such, not as a manual block,
+    and a limit set live shows who set it and what the configuration says."""
+    from governor.celery.live import LiveLimits
+
+    app = limits_app(redis_server.url(0), prefix)
+    partner = Limiter(r, "5/s, 200/h", name="partner-api", prefix=prefix)
+    for n in range(90):  # fewer than the overview examines: it sees them all
+        partner.acquire(f"cust-{n:03d}")
+    partner.pause("cust-007", 600, "HTTP 429")
+    partner.block("cust-008", 600, "by hand")
+    LiveLimits(r, prefix).set("queue:emails", {"rules": "2/s"}, by="ops-alice")
+    with Dashboard(state_of(app), port=0, interval=0.2) as board:
+        data = get(f"{board.url}/api/limits")[1]
+        assert data["summary"]["paused"] == 1 and data["summary"]["blocked"] == 1
+        emails, _, keyed = data["limits"]
+        assert emails["rules"] == ["2/s"] and emails["live"]["by"] == "ops-alice"
+        assert emails["live"]["configured"] == "10/s" and emails["live"]["at"] > 0
+        assert keyed["live"] is None and len(keyed["subjects"]) == 5  # the overview shows 5
+        paused = keyed["subjects"][0]
+        assert (paused["subject"], paused["paused"], paused["block_reason"]) == (
+            "cust-007", True, "HTTP 429"
+        )  # fmt: skip
+        assert keyed["subjects"][1]["paused"] is False  # cust-008: blocked by hand
+
+        status, page1 = get(f"{board.url}/api/limit?label=partner-api&per=40")
+        assert status == 200 and (page1["subject_count"], page1["pages"]) == (90, 3)
+        names = [s["subject"] for s in page1["subjects"]]
+        assert names == [f"cust-{n:03d}" for n in range(40)]  # by name
+        assert (page1["paused"], page1["blocked"]) == (1, 1)
+        page3 = get(f"{board.url}/api/limit?label=partner-api&per=40&page=3")[1]
+        assert [s["subject"] for s in page3["subjects"]] == [f"cust-{n:03d}" for n in range(80, 90)]
+        found = get(f"{board.url}/api/limit?label=partner-api&q=-01")[1]
+        assert found["matched"] == 10 and found["subjects"][0]["rules"][1]["used"] == 1
+        one = get(f"{board.url}/api/limit?label=queue:emails")[1]
+        assert [s["subject"] for s in one["subjects"]] == ["emails"] and one["live"] is not None
+        status, html = get(f"{board.url}/limit?label=partner-api")
+        assert status == 200 and 'data-label="partner-api"' in html
+        status, missing = get(f"{board.url}/api/limit?label=nope")
+        assert status == 404 and "unknown limit 'nope'" in missing["error"]
+        status, html = get(f"{board.url}/limit?label=%3Cscript%3E")
+        assert status == 404 and "<script>" not in html and "Traceback" not in html
+    with Dashboard(state_of(app), port=0, interval=0.2, examine=10) as board:
+        overview = get(f"{board.url}/api/limits")[1]["limits"][2]
+        assert overview["subject_count"] == 10 and overview["subject_count_capped"] is True
+        every = get(f"{board.url}/api/limit?label=partner-api&per=200")[1]
+        assert every["subject_count"] == 90 and len(every["subjects"]) == 90  # past the 10
 
 
 def test_bad_input_gives_a_message_not_a_traceback(redis_server: ServerHandle, prefix: str) -> None:

@@ -197,6 +197,49 @@ def test_writes_ask_first_and_redis_going_away(page: Any, prefix: str) -> None:
         server.close()
 
 
+def test_a_limit_page_with_a_pause_and_a_live_limit(
+    page: Any, redis_server: ServerHandle, prefix: str
+) -> None:
+    """The overview links a limit to its page, which lists every subject (paged, searchable);
+    a pause from upstream shows as PAUSED, a live limit with who set it and the configured one."""
+    import redis
+
+    from governor import Limiter
+    from governor.celery.live import LiveLimits
+
+    browser = page
+    app = limits_app(redis_server.url(0), prefix)
+    client = redis.Redis.from_url(redis_server.url(0))
+    partner = Limiter(client, "5/s, 200/h", name="partner-api", prefix=prefix)
+    for n in range(60):
+        partner.acquire(f"cust-{n:02d}")
+    partner.pause("cust-07", 600, "HTTP 429 (call_partner)")
+    LiveLimits(client, prefix).set("partner-api", {"rules": "2/s, 100/h"}, by="ops-alice")
+    with Dashboard(state_of(app), port=0, interval=0.5) as board:
+        browser.get(board.url)
+        card = 'section.limit[data-label="partner-api"]'
+        marks = until(browser, f"{card} .tag.live", lambda t: "ops-alice" in t)
+        assert "configured: 5/s, 200/h" in marks
+        assert "PAUSED by upstream" in text(browser, f"{card} td.state")
+        browser.find_element(By.CSS_SELECTOR, f"{card} a.label").click()
+
+        summary = until(browser, "#summary", lambda t: "of 60 subjects" in t)
+        assert summary.startswith("60 of 60 subjects") and "1 paused" in summary
+        assert "ops-alice" in text(browser, "#live-state")
+        assert "2/s, 100/h" in text(browser, "#rules-text")
+        state = text(browser, '#subjects tr[data-subject="cust-07"] td.state')
+        assert "PAUSED by upstream" in state and "HTTP 429" in state
+        browser.save_screenshot(str(DOCS / "dashboard-limit.png"))
+        browser.find_element(By.ID, "next").click()
+        assert until(browser, "#page-info", lambda t: t == "page 2 of 2") == "page 2 of 2"
+        browser.find_element(By.ID, "q").send_keys("cust-5")
+        shown = until(browser, "#summary", lambda t: t.startswith("10 of 60"))
+        assert shown.startswith("10 of 60")
+        assert text(browser, "#page-info") == "page 1 of 1"
+        assert console_errors(browser) == []
+    client.close()
+
+
 def _alert(driver: Any) -> Any:
     try:
         alert = driver.switch_to.alert

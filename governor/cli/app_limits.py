@@ -45,10 +45,15 @@ def app_limits(state: State, live: bool = True) -> list[LimitEntry]:
     if "live" not in state.cache:
         state.cache["live"] = _live_configs(state)
     found = state.cache["live"]
-    entries = [replace(e, config=found[e.label]) if e.label in found else e for e in entries]
+    entries = [_live_entry(e, found[e.label]) if e.label in found else e for e in entries]
     if any(e.config is not None and e.config.adaptive for e in entries):
         entries = _adapted(state, entries)
     return entries
+
+
+def _live_entry(entry: LimitEntry, live: Config) -> LimitEntry:
+    configured = entry.config.text if entry.config is not None else None
+    return replace(entry, config=replace(live, configured=configured))
 
 
 def _adapted(state: State, entries: list[LimitEntry]) -> list[LimitEntry]:
@@ -81,7 +86,7 @@ def _live_configs(state: State) -> dict[str, Config]:
             )
         except GovernorError:
             continue
-        out[label] = replace(_config(config), live=True)
+        out[label] = replace(_config(config), live=True, live_by=entry.by, live_at=entry.at)
     return out
 
 

@@ -27,6 +27,11 @@ class Config:
     shadow: bool = False
     live: bool = False
     """Set live (``governor limits set``), replacing the configuration."""
+    live_by: str | None = field(default=None, compare=False)
+    live_at: float | None = field(default=None, compare=False)
+    """Who set it live and when (Unix seconds)."""
+    configured: str | None = field(default=None, compare=False)
+    """For a live limit: the configuration it replaces (:attr:`text`), if any."""
     adaptive: bool = False
     factor: float = 1.0
     """An adaptive limit's factor now: ``rules`` are already scaled by it."""
@@ -90,4 +95,12 @@ class LimitEntry:
             "algorithm": self.config.algorithm if self.config else None,
             "concurrency": self.config.concurrency if self.config else None,
             "tasks": list(self.tasks),
+            "live": self._live(),
+            "adaptive_factor": self.config.factor if self.config and self.config.adaptive else None,
         }
+
+    def _live(self) -> dict[str, Any] | None:
+        c = self.config
+        if c is None or not c.live:
+            return None
+        return {"by": c.live_by, "at": c.live_at, "configured": c.configured}

@@ -64,7 +64,8 @@ def state_text(s: SubjectState) -> Text:
     parts: list[tuple[str, str]] = []
     if u.blocked is not None:
         reason = f": {u.blocked}" if u.blocked else ""
-        parts.append((f"BLOCKED {format_duration(u.blocked_for)}{reason}", "bold red"))
+        what = "PAUSED by upstream" if u.paused else "BLOCKED"
+        parts.append((f"{what} {format_duration(u.blocked_for)}{reason}", "bold red"))
     elif u.rules:
         wait = max(r.retry_after for r in u.rules)
         if wait <= 0:
@@ -189,6 +190,7 @@ def subject_json(s: SubjectState) -> dict[str, Any]:
         "rules": usage_json(u),
         "admits_now": s.admits,
         "blocked": u.blocked is not None,
+        "paused": u.paused,
         "block_reason": u.blocked,
         "blocked_for": json_number(u.blocked_for),
         "booked": s.booked,

@@ -1,10 +1,12 @@
-"""The dashboard's Flask app: two pages, the JSON they poll, and (only with ``allow_writes``)
+"""The dashboard's Flask app: three pages, the JSON they poll, and (only with ``allow_writes``)
 block / unblock / reset.
 
 =====================  ======================================================================
 ``GET /``              every limit (search, paging), refreshed live
+``GET /limit``         one limit and every subject it has (``?label=partner.call``), paged
 ``GET /inspect``       one limit's subject (``?name=queue&subject=emails``), as ``inspect``
 ``GET /api/limits``    the overview's JSON (``?q=&blocked=1&page=1&per=25``)
+``GET /api/limit``     one limit's JSON (``?label=&q=&page=1&per=50``): 404 if unknown
 ``GET /api/inspect``   one subject's JSON (``?name=&subject=``): 404 with a message if unknown
 ``POST /api/block``    ``{"name", "subject", "duration": "15m", "reason"}`` (writes only)
 ``POST /api/unblock``  ``{"name", "subject"}`` (writes only)
@@ -28,7 +30,8 @@ from werkzeug.exceptions import HTTPException
 from ..cli.admin import forget_counts
 from ..cli.common import CliError, State, format_duration, parse_duration, user_errors
 from ..cli.entries import LimitEntry
-from ..cli.limits import has_state, resolve, subject_state
+from ..cli.limits import LimitState, has_state, resolve, subject_state
+from .limit_page import SubjectNames, limit_payload
 from .payload import overview, subject_payload
 from .sampler import Sampler
 
@@ -77,6 +80,24 @@ def find_entry(sampler: Sampler, name: str, subject: str) -> LimitEntry:
     )
 
 
+def find_limit(sampler: Sampler, label: str) -> LimitState:
+    """The limit labelled ``label`` in the sampler's last read, or a 404 :class:`Problem`."""
+    for ls in sampler.frame.limits:
+        if ls.entry.label == label:
+            return ls
+    known = ", ".join(repr(ls.entry.label) for ls in sampler.frame.limits[:5]) or "none yet"
+    raise Problem(f"unknown limit {label!r} (the dashboard knows {known})", 404)
+
+
+def _page_args(args: Any, per_default: int) -> tuple[int, int]:
+    try:
+        page = int(args.get("page", "1"))
+        per = min(200, max(1, int(args.get("per", str(per_default)))))
+    except ValueError:
+        raise Problem("page and per must be whole numbers") from None
+    return page, per
+
+
 def _redis(state: State, call: Any, *args: Any) -> Any:
     """``call(*args)`` with Redis and governor errors as a :class:`Problem`."""
     try:
@@ -93,6 +114,7 @@ def create_app(
     app = Flask(__name__)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     state: State = sampler.state
+    names = SubjectNames()
     page_info = {
         "interval_ms": round(sampler.interval * 1000),
         "writes": allow_writes,
@@ -135,14 +157,27 @@ def create_app(
         entry = find_entry(sampler, name, subject)
         return render_template("inspect.html", entry=entry, name=name, subject=subject, **page_info)
 
+    @app.get("/limit")
+    def limit_page() -> str:
+        ls = find_limit(sampler, _arg(request.args, "label"))
+        return render_template("limit.html", entry=ls.entry, **page_info)
+
+    @app.get("/api/limit")
+    def api_limit() -> Any:
+        args = request.args
+        ls = find_limit(sampler, _arg(args, "label"))
+        page, per = _page_args(args, 50)
+        data = _redis(
+            state, lambda: limit_payload(
+                state, ls, names, sampler.history, query=args.get("q", ""), page=page, per=per
+            )
+        )  # fmt: skip
+        return jsonify(data)
+
     @app.get("/api/limits")
     def api_limits() -> Any:
         args = request.args
-        try:
-            page = int(args.get("page", "1"))
-            per = min(200, max(1, int(args.get("per", str(per_page)))))
-        except ValueError:
-            raise Problem("page and per must be whole numbers") from None
+        page, per = _page_args(args, per_page)
         data = overview(
             sampler.frame,
             sampler.history,

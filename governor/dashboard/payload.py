@@ -100,7 +100,8 @@ def overview(
         "summary": {
             "limits": len(frame.limits),
             "subjects": len(every),
-            "blocked": sum(s.usage.blocked is not None for s in every),
+            "blocked": sum(s.usage.blocked is not None and not s.usage.paused for s in every),
+            "paused": sum(s.usage.paused for s in every),
             "full": sum(not s.admits for s in every),
         },
         "matched": len(picked),

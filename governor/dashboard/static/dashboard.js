@@ -10,7 +10,8 @@
   function stateParts(s) {
     const parts = [];
     if (s.blocked) {
-      parts.push(["blocked", "BLOCKED " + duration(s.blocked_for) + (s.block_reason ? ": " + s.block_reason : "")]);
+      const what = s.paused ? "PAUSED by upstream " : "BLOCKED ";
+      parts.push([s.paused ? "blocked paused" : "blocked", what + duration(s.blocked_for) + (s.block_reason ? ": " + s.block_reason : "")]);
     } else if (s.rules.length) {
       const wait = Math.max(...s.rules.map((r) => r.next_free_in || 0));
       parts.push(wait > 0 ? ["full", "full: next in " + duration(wait)] : ["ok", "ok"]);
@@ -39,6 +40,43 @@
 
   function inspectHref(name, subject) {
     return "inspect?" + new URLSearchParams({ name: name, subject: subject }).toString();
+  }
+
+  function limitHref(label) {
+    return "limit?" + new URLSearchParams({ label: label }).toString();
+  }
+
+  /* what makes a limit's rules what they are now: set live (by whom, replacing what), adaptive */
+  function ruleMarks(lim) {
+    const marks = [];
+    if (lim.live) {
+      marks.push(el("span", { class: "tag live", title: "set with `governor limits set`; workers use it in place of the configuration" },
+        "live" + (lim.live.by ? " · set by " + lim.live.by : "") + (lim.live.at ? " at " + clock(lim.live.at) : "") +
+        (lim.live.configured ? " · configured: " + lim.live.configured : "")));
+    }
+    if (lim.adaptive_factor !== null && lim.adaptive_factor !== undefined) {
+      marks.push(el("span", { class: "tag " + (lim.adaptive_factor < 1 ? "wait" : "ok") }, "adaptive: " + Math.round(lim.adaptive_factor * 100) + "% of its rules"));
+    }
+    return marks;
+  }
+
+  /* one subject's rows: a row per rule (and its cap), the first with the subject's link */
+  function subjectRows(lim, s) {
+    const rows = [];
+    const link = el("a", { href: inspectHref(lim.name, s.subject), class: "subject" }, s.subject);
+    const extra = s.concurrency ? [{ rule: "at once", used: s.concurrency.running, limit: s.concurrency.limit }] : [];
+    const all = s.rules.concat(extra);
+    (all.length ? all : [null]).forEach((r, i) => {
+      rows.push(el("tr", { "data-subject": s.subject },
+        el("td", {}, i === 0 ? link : ""),
+        el("td", { class: "rule" }, r ? r.rule : ""),
+        el("td", {}, r ? bar(r.used, r.limit) : ""),
+        el("td", { class: "num used" }, r ? r.used + "/" + r.limit : ""),
+        i === 0 ? el("td", { class: "num rate" }, s.rate === null ? "-" : s.rate.toFixed(2) + "/s") : el("td"),
+        i === 0 ? el("td", { class: "spark" }, s.rate_limit !== null ? chart(s.history, s.rate_limit, 160, 36, 60, false) : "") : el("td"),
+        i === 0 ? stateCell(s) : el("td")));
+    });
+    return rows;
   }
 
   async function getJSON(url) {
@@ -92,7 +130,7 @@
       const sum = data.summary;
       const parked = data.parked.total ? " · " + data.parked.total + " parked" + (data.parked.next_due ? ", next due in " + duration(data.parked.next_due - data.time) : "") : "";
       document.getElementById("summary").textContent =
-        data.matched + " of " + sum.limits + " limits · " + sum.subjects + " subjects · " + sum.blocked + " blocked · " + sum.full + " full" + parked;
+        data.matched + " of " + sum.limits + " limits · " + sum.subjects + " subjects · " + sum.blocked + " blocked · " + sum.paused + " paused · " + sum.full + " full" + parked;
       const box = document.getElementById("limits");
       const cards = data.limits.map(limitCard);
       if (!cards.length) cards.push(el("p", { class: "empty" }, data.error ? "nothing read yet" : "no limit matches"));
@@ -101,34 +139,18 @@
 
     function limitCard(lim) {
       const head = el("div", { class: "limit-head" },
-        el("span", { class: "label" }, lim.label),
+        el("a", { class: "label", href: limitHref(lim.label) }, lim.label),
         el("span", { class: "rules-text" }, lim.rules_text || "rules unknown" + (lim.kind === "found" ? " (found in Redis; -A APP adds rules)" : "")),
         lim.algorithm ? el("span", { class: "algo" }, lim.algorithm) : null,
         lim.kind === "key" ? el("span", { class: "algo" }, "per key" + (lim.tasks.length && lim.tasks[0] !== lim.name ? "; tasks " + lim.tasks.join(", ") : "")) : null,
+        ...ruleMarks(lim),
         lim.parked ? el("span", { class: "tag wait" }, lim.parked + " parked") : null);
-      const rows = [];
-      for (const s of lim.subjects) {
-        const link = el("a", { href: inspectHref(lim.name, s.subject), class: "subject" }, s.subject);
-        const rules = s.rules.length ? s.rules : [null];
-        const extra = s.concurrency ? [{ rule: "at once", used: s.concurrency.running, limit: s.concurrency.limit }] : [];
-        const all = rules.concat(extra).filter((r) => r !== null);
-        const ruleCells = all.length ? all : [null];
-        ruleCells.forEach((r, i) => {
-          rows.push(el("tr", { "data-subject": s.subject },
-            el("td", {}, i === 0 ? link : ""),
-            el("td", { class: "rule" }, r ? r.rule : ""),
-            el("td", {}, r ? bar(r.used, r.limit) : ""),
-            el("td", { class: "num used" }, r ? r.used + "/" + r.limit : ""),
-            i === 0 ? el("td", { class: "num rate" }, s.rate === null ? "-" : s.rate.toFixed(2) + "/s") : el("td"),
-            i === 0 ? el("td", { class: "spark" }, s.rate_limit !== null ? chart(s.history, s.rate_limit, 160, 36, 60, false) : "") : el("td"),
-            i === 0 ? stateCell(s) : el("td")));
-        });
-      }
+      const rows = lim.subjects.flatMap((s) => subjectRows(lim, s));
       const table = el("table", { class: "subjects" },
         el("thead", {}, el("tr", {}, ...["subject", "rule", "usage", "used", "rate", "recent", "state"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...rows));
       const more = lim.matching_subjects > lim.subjects.length
-        ? el("p", { class: "more" }, "… " + (lim.matching_subjects - lim.subjects.length) + " more subjects (search to find one)")
+        ? el("p", { class: "more" }, "… " + (lim.matching_subjects - lim.subjects.length) + " more subjects: ", el("a", { href: limitHref(lim.label) }, "all of " + lim.label))
         : null;
       const capped = lim.subject_count_capped ? el("p", { class: "more" }, "more subjects exist than the dashboard examines per refresh") : null;
       return el("section", { class: "limit", "data-label": lim.label }, head,
@@ -157,7 +179,7 @@
 
     function render(s) {
       updated(s); banner("");
-      document.getElementById("rules-text").textContent = s.rules_text || "rules unknown";
+      document.getElementById("rules-text").replaceChildren(s.rules_text || "rules unknown", " ", ...ruleMarks(s));
       document.getElementById("rules").replaceChildren(...s.rules.map((r) => el("tr", {},
         el("td", {}, r.rule), el("td", {}, bar(r.used, r.limit)), el("td", { class: "num" }, r.used),
         el("td", { class: "num" }, r.limit), el("td", { class: "num" }, r.remaining),
@@ -172,7 +194,7 @@
       const d = [];
       const add = (k, ...v) => { d.push(el("dt", {}, k)); d.push(el("dd", {}, ...v)); };
       add("admits one more now", el("span", { class: "tag " + (s.admits_now ? "ok" : "full"), id: "admits" }, s.admits_now ? "yes" : "no"));
-      add("block", s.blocked ? el("span", { class: "tag blocked", id: "block-state" }, "blocked for " + duration(s.blocked_for) + " (until " + clock(s.now + s.blocked_for) + "): " + (s.block_reason || "(no reason given)")) : el("span", { id: "block-state" }, "none"));
+      add("block", s.blocked ? el("span", { class: "tag blocked", id: "block-state" }, (s.paused ? "paused by upstream for " : "blocked for ") + duration(s.blocked_for) + " (until " + clock(s.now + s.blocked_for) + "): " + (s.block_reason || "(no reason given)")) : el("span", { id: "block-state" }, "none"));
       add("bookings", s.booked_for > 0 ? "held up to " + duration(s.booked_for) + " ahead (the last starts at " + clock(s.now + s.booked_for) + ")" : (s.booked === null ? "unknown" : s.booked + " held"));
       if (s.concurrency) {
         const c = s.concurrency;
@@ -215,7 +237,8 @@
     }
   }
 
+  Object.assign(window.governorDashboard, { getJSON, loop, updated, subjectRows, ruleMarks });
   if (page === "overview") overviewPage();
   else if (page === "inspect") inspectPage();
-  else document.getElementById("updated").textContent = "";
+  else if (page !== "limit") document.getElementById("updated").textContent = "";
 })();
