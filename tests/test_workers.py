@@ -7,6 +7,7 @@ and its tasks are Celery "shared" tasks, which would join every app this process
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -25,11 +26,13 @@ import pytest
 import redis
 import yaml
 from celery import Celery
+from sentinels import LocalSentinel
 
 from celery_helpers import most_in_window
 from conftest import ServerHandle
 from governor import Limiter
 from governor.cli import COMMANDS
+from governor.connect import close_client, target
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -172,9 +175,25 @@ def command_of(service: dict[str, Any]) -> list[str]:
     return words(service.get("entrypoint")) + words(service.get("command"))
 
 
-def test_compose_file_parses_and_has_redis_two_workers_and_a_producer() -> None:
-    services = compose()["services"]
-    assert services["redis"]["image"].startswith("redis")
+def in_profile(profile: str | None) -> dict[str, Any]:
+    """The services ``docker compose [--profile P] up`` starts (None: no profile)."""
+    services = compose()["services"].items()
+    if profile is None:
+        return {name: s for name, s in services if not s.get("profiles")}
+    return {name: s for name, s in services if profile in s.get("profiles", [])}
+
+
+def is_redis(service: dict[str, Any]) -> bool:
+    return "build" not in service and str(service.get("image", "")).startswith("redis")
+
+
+@pytest.mark.parametrize("profile", [None, "sentinel"])
+def test_compose_file_parses_and_has_redis_two_workers_and_a_producer(
+    profile: str | None,
+) -> None:
+    services = in_profile(profile)
+    redis_nodes = [s for s in services.values() if is_redis(s)]
+    assert len(redis_nodes) == (1 if profile is None else 2 + 3)  # + replica and 3 sentinels
     workers = [s for s in services.values() if command_of(s)[:1] == ["celery"]]
     assert len(workers) == 2
     nodes = {command_of(s)[command_of(s).index("-n") + 1] for s in workers}
@@ -185,13 +204,26 @@ def test_compose_file_parses_and_has_redis_two_workers_and_a_producer() -> None:
     assert any(command_of(s)[:2] == ["python", "-m"] for s in services.values())
 
 
+def test_compose_sentinels_watch_the_primary_its_replica_persists() -> None:
+    services = in_profile("sentinel")
+    sentinels = [s for s in services.values() if "--sentinel" in " ".join(command_of(s))]
+    assert len(sentinels) == 3
+    for s in sentinels:
+        script = " ".join(command_of(s))
+        assert "sentinel monitor governor redis-primary 6379 2" in script  # a quorum of 2
+    replica = command_of(services["redis-replica"])
+    assert replica[replica.index("--replicaof") + 1] == "redis-primary"
+    for name in ("redis-primary", "redis-replica"):
+        assert "--appendonly" in command_of(services[name])  # parked tasks survive a restart
+
+
 def test_compose_commands_name_modules_and_entry_points_that_exist() -> None:
     services = compose()["services"]
     modules: set[str] = set()
     scripts = {ep.name for ep in metadata.entry_points(group="console_scripts")}
     for name, service in services.items():
         command = command_of(service)
-        if not command:
+        if not command or is_redis(service):
             assert "image" in service and "build" not in service, name
             continue
         if command[0] == "celery":
@@ -228,15 +260,20 @@ def test_compose_commands_name_modules_and_entry_points_that_exist() -> None:
 def test_compose_sets_what_the_app_reads_and_builds_from_the_dockerfile() -> None:
     services = compose()["services"]
     needed = env_vars_read_by(ROOT / "workers" / "app.py")
-    assert {"BROKER_URL", "GOVERNOR_REDIS_URL"} <= needed
+    optional = {"GOVERNOR_SENTINEL_MASTER", "GOVERNOR_REDIS_CLUSTER"}
+    assert {"BROKER_URL", "GOVERNOR_REDIS_URL"} | optional <= needed
     for name, service in services.items():
-        if name == "redis":
+        if is_redis(service):
             continue
         env = service.get("environment") or {}
-        assert needed <= set(env), f"{name} lacks {needed - set(env)}"
+        assert needed - optional <= set(env), f"{name} lacks {needed - optional - set(env)}"
+        sentinel = "GOVERNOR_SENTINEL_MASTER" in env
         for var in ("BROKER_URL", "GOVERNOR_REDIS_URL"):
-            assert env[var].startswith("redis://redis:"), (name, var)
-        assert "redis" in service.get("depends_on", {}), name
+            if sentinel:  # every sentinel named, so losing one is no outage
+                assert env[var].count("sentinel://sentinel-") == 3, (name, var)
+            else:
+                assert env[var].startswith("redis://redis:"), (name, var)
+        assert ("sentinel-1" if sentinel else "redis") in service.get("depends_on", {}), name
         assert service.get("build") == "."
     dockerfile = (ROOT / "Dockerfile").read_text()
     for source in ("pyproject.toml", "governor", "workers"):
@@ -251,15 +288,34 @@ def test_compose_sets_what_the_app_reads_and_builds_from_the_dockerfile() -> Non
 
 
 @pytest.fixture
-def example_worker(redis_server: ServerHandle) -> Iterator[dict[str, str]]:
-    """One ``celery -A workers.app worker`` node on the suite's Redis, its own queue and prefix."""
-    names = {
-        "queue": f"ex-{uuid.uuid4().hex[:8]}",
-        "prefix": f"gt{uuid.uuid4().hex[:10]}",
-        "broker": redis_server.url(1),
-        "store": redis_server.url(2),
-        "results": redis_server.url(3),
-    }
+def example_worker(
+    request: pytest.FixtureRequest, redis_server: ServerHandle
+) -> Iterator[dict[str, str]]:
+    """One ``celery -A workers.app worker`` node on the suite's Redis, its own queue and prefix;
+    with the parameter "sentinel", broker and store behind Sentinel (a master, a replica, three
+    sentinels), configured by the environment docker-compose.yml's sentinel profile sets."""
+    with contextlib.ExitStack() as stack:
+        names = {
+            "queue": f"ex-{uuid.uuid4().hex[:8]}",
+            "prefix": f"gt{uuid.uuid4().hex[:10]}",
+            "broker": redis_server.url(1),
+            "store": redis_server.url(2),
+            "results": redis_server.url(3),
+            "master": "",
+        }
+        if getattr(request, "param", "redis") == "sentinel":
+            setup = stack.enter_context(LocalSentinel(sentinels=3, replicas=1))
+            names.update(broker=setup.url(1), store=setup.url(2), master=setup.master_name)
+        yield from _example_worker(names)
+
+
+def store_client(example_worker: dict[str, str]) -> Any:
+    """A client of the example worker's store (through Sentinel if it is behind one)."""
+    options = {"master_name": example_worker["master"]} if example_worker["master"] else None
+    return target(example_worker["store"], options=options).client()
+
+
+def _example_worker(names: dict[str, str]) -> Iterator[dict[str, str]]:
     log = Path(f"/tmp/{names['prefix']}-example-worker.log")
     env = {
         **os.environ,
@@ -269,6 +325,8 @@ def example_worker(redis_server: ServerHandle) -> Iterator[dict[str, str]]:
         "CELERY_RESULT_BACKEND": names["results"],
         "PYTHONPATH": str(ROOT),
     }
+    if names["master"]:
+        env["GOVERNOR_SENTINEL_MASTER"] = names["master"]
     env.pop("CELERY_BROKER_URL", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -311,14 +369,18 @@ def example_worker(redis_server: ServerHandle) -> Iterator[dict[str, str]]:
 
 
 @pytest.mark.worker
+@pytest.mark.parametrize("example_worker", ["redis", "sentinel"], indirect=True)
 def test_partner_api_calls_are_limited_per_customer(example_worker: dict[str, str]) -> None:
-    """15 calls each for two customers under "5/s" per customer, on a real worker node."""
+    """15 calls each for two customers under "5/s" per customer, on a real worker node (also
+    with broker and store behind Sentinel, as docker-compose.yml's sentinel profile runs it)."""
     producer = Celery(
         "producer",
         broker=example_worker["broker"],
         backend=example_worker["results"],
         set_as_current=False,
     )
+    if example_worker["master"]:
+        producer.conf.broker_transport_options = {"master_name": example_worker["master"]}
     results = []
     with producer.producer_or_acquire() as conn:
         for n in range(15):
@@ -350,12 +412,12 @@ def test_partner_api_calls_are_limited_per_customer(example_worker: dict[str, st
         assert span >= 1.9, f"{customer}: 15 calls at 5/s need 2s, took {span:.2f}s"
     everyone = starts["acme"] + starts["globex"]
     assert most_in_window(everyone, 1.0) > 5  # customers do not share a limit
-    store = redis.Redis.from_url(example_worker["store"])
+    store = store_client(example_worker)
     limiter = Limiter(store, "5/s, 200/h", name="partner-api", prefix=example_worker["prefix"])
     for customer in ("acme", "globex"):
         hourly = limiter.usage(customer).rules[1]
         assert hourly.used == 15, (customer, hourly)
-    store.close()
+    close_client(store)
 
 
 def test_module_layout() -> None:

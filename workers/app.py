@@ -7,7 +7,15 @@ variable                 meaning (default)
 ``GOVERNOR_REDIS_URL``   Redis holding governor's counters (``redis://localhost:6379/1``);
                          the ``governor`` command reads the same variable
 ``GOVERNOR_PREFIX``      key prefix of governor's counters (``governor``)
+``GOVERNOR_SENTINEL_     the URLs are Sentinel URLs (``sentinel://h1:26379;sentinel://h2:26379``)
+MASTER``                 and this is the master's name, for governor's Redis and, when
+                         ``BROKER_URL`` is a Sentinel URL too, for the broker (unset)
+``GOVERNOR_REDIS_        ``1``: ``GOVERNOR_REDIS_URL`` lists a Redis Cluster's nodes
+CLUSTER``                (``redis://h1:7000,h2:7000``) (unset)
 =======================  =====================================================================
+
+The ``governor`` command reads the same variables, so ``governor -A workers.app status`` finds
+the same Redis (``docker compose --profile sentinel`` runs the examples on Sentinel).
 
 Limits, all global (every worker node and process shares them through Redis):
 
@@ -49,6 +57,13 @@ app.conf.update(
     task_ignore_result=True,  # the examples keep no results: no result backend needed
     broker_connection_retry_on_startup=True,
 )
+SENTINEL_MASTER = os.environ.get("GOVERNOR_SENTINEL_MASTER")
+if SENTINEL_MASTER:  # as Celery's own Sentinel broker is told its master
+    app.conf.governor_redis_transport_options = {"master_name": SENTINEL_MASTER}
+    if BROKER_URL.startswith("sentinel://"):
+        app.conf.broker_transport_options = {"master_name": SENTINEL_MASTER}
+if os.environ.get("GOVERNOR_REDIS_CLUSTER", "").lower() in ("1", "true", "t", "yes", "y", "on"):
+    app.conf.governor_redis_cluster = True
 governor = Governor(app)
 
 # The task modules register their tasks on import (after `app` and `governor` exist).
