@@ -92,11 +92,17 @@
     return data;
   }
 
+  /* run `step` now and every `interval`; a call while one runs makes one more run after it,
+     so an older answer (a search being typed) never lands after a newer one */
   function loop(step) {
-    let timer = null;
+    let timer = null, running = false, again = false;
     const run = async () => {
       clearTimeout(timer);
+      if (running) { again = true; return; }
+      running = true;
       try { await step(); } catch (e) { banner(e.message); }
+      running = false;
+      if (again) { again = false; run(); return; }
       timer = setTimeout(run, interval);
     };
     run();
