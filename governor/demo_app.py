@@ -12,9 +12,13 @@ variable                   meaning
 =========================  ===================================================================
 
 Each call does nothing but append when it started to a Redis list named by its first
-argument, so the demo can check that no window of any rule ever saw more starts than allowed::
+argument: ``t``, when its body started (this machine's clock), and ``counted``, when governor's
+rules counted its admission (Redis's clock, from the ``task_admitted`` signal's
+``counted_at``), so the demo can check that no window of any rule ever counted more admissions
+than allowed (the bodies start a varying moment later: their own windows are only shown)::
 
-    {"n": 17, "t": 1718000000.123456, "waits": 1, "node": "demo1-ab12cd@host", "pid": 4242}
+    {"n": 17, "t": 1718000000.1235, "counted": 1718000000.1229, "waits": 1,
+     "node": "demo1-ab12cd@host", "pid": 4242}
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import redis
 from celery import Celery, Task
 from celery.signals import worker_ready
 
-from .celery import Governor
+from .celery import Governor, signals
 
 STORE = os.environ.get("GOVERNOR_REDIS_URL", "redis://localhost:6379/1")
 RULES = os.environ.get("GOVERNOR_DEMO_RULES", "20/s, 300/m")
@@ -42,6 +46,9 @@ app.conf.update(
 )
 governor = Governor(app)
 _client: redis.Redis | None = None
+TASK = "governor.demo.call"
+_counted: dict[str, float | None] = {}
+"""``counted_at`` of the admissions of this process whose body has not started yet, by task id."""
 
 
 def recorder() -> redis.Redis:
@@ -52,13 +59,26 @@ def recorder() -> redis.Redis:
     return _client
 
 
-@governor.task(RULES, name="governor.demo.call", bind=True, shared=False)
+@signals.task_admitted.connect  # type: ignore[untyped-decorator]
+def _admitted(
+    sender: Any = None, request: Any = None, counted_at: float | None = None, **_: Any
+) -> None:
+    """Sent by the gate in the pool process right before the body, which picks it up."""
+    if getattr(sender, "name", None) == TASK and request is not None:
+        if len(_counted) > 1000:  # admitted bodies that never ran (none expected)
+            _counted.clear()
+        _counted[str(request.id)] = counted_at
+
+
+@governor.task(RULES, name=TASK, bind=True, shared=False)
 def call(self: Task, record: str, n: int) -> None:
     """A no-op call: appends its start to the Redis list ``record``."""
     started = time.time()
+    counted = _counted.pop(str(self.request.id), None)
     waits = ((self.request.headers or {}).get("governor") or {}).get("waits", 0)
-    entry = {"n": n, "t": started, "waits": waits, "node": self.request.hostname}
-    recorder().rpush(record, json.dumps({**entry, "pid": os.getpid()}))
+    node, pid = self.request.hostname, os.getpid()
+    entry = {"n": n, "t": started, "counted": counted, "waits": waits, "node": node, "pid": pid}
+    recorder().rpush(record, json.dumps(entry))
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

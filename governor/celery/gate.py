@@ -240,6 +240,9 @@ class Gate:
         lateness = None
         if state.slots is not None:
             lateness = max(d.now - d.slot.start for _, _, d in outcome.held if d.slot)
+        # when the rules counted it: a booking's slot start; an admission's slot starts at its
+        # decision's time (limits with only a concurrency cap count no rate)
+        counted = [d.slot.start if d.slot else d.now for _, s, d in outcome.held if s.config.rules]
         if state.slots is not None or state.since is not None or state.woken is not None:
             # used up: a retry of this task (self.retry copies the headers) must neither claim
             # these bookings nor count its governance wait from this one's first deferral
@@ -261,6 +264,7 @@ class Gate:
             waits=state.waits,
             lateness=lateness,
             fair=fair,
+            counted_at=min(counted, default=None),
         )
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(

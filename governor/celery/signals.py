@@ -29,12 +29,17 @@ __all__ = [
 
 task_admitted = Signal(
     name="governor.task_admitted",
-    providing_args={"request", "limits", "waits", "lateness", "fair"},
+    providing_args={"request", "limits", "waits", "lateness", "fair", "counted_at"},
 )
 """A governed task may run. ``limits``: the limit labels that admitted it; ``waits``: how many
 times it waited before; ``lateness``: for a task that started on a booked slot, how long after
 the slot opened it started (seconds), else None; ``fair``: under a fair limit, (its label, the
-tenant, seconds since the call first waited), else None."""
+tenant, seconds since the call first waited), else None; ``counted_at``: when the rules
+counted this admission (Unix seconds, Redis's clock): the start of the booked slot it started
+on, else the time of the decision that admitted it (the earliest over its limits), None when no
+rate limit counted it (only concurrency caps). These are the times the rules hold on; the body
+starts a moment later, a moment that varies on a busy machine, so the bodies' own start times
+may bunch up a little more than the rules allow."""
 
 task_deferred = Signal(
     name="governor.task_deferred",

@@ -6,6 +6,7 @@
     $ governor demo                                      # 240 tasks under "20/s, 300/m"
     $ governor demo --rules "10/s" --tasks 60 --duration 10 --json
     $ governor demo --redis-url redis://localhost:6379/0  # a real server instead of a private one
+    $ governor demo --report run.html                    # also a page with charts of the run
 
 What it does:
 
@@ -14,16 +15,25 @@ What it does:
 2. starts two worker nodes, ``celery -A governor.demo_app worker -P prefork -c 2``, in their
    own process groups; the task they run (:mod:`governor.demo_app`) has a whole-task limit of
    ``--rules`` and records when each call starts;
-3. floods ``--tasks`` calls at once and shows, live, how many started in each second against
-   the limit, until all have started or ``--duration`` has passed;
-4. prints a summary: tasks done, the most starts in any window of each rule against its limit,
+3. floods ``--tasks`` calls at once and shows, live, how many were admitted in each second
+   against the limit, until all have started or ``--duration`` has passed;
+4. prints a summary: tasks done, the most admissions counted in any window of each rule
+   against its limit (and, shown but not checked, the most task bodies that started in one),
    how often tasks waited, the pace achieved against the fastest the rules allow;
 5. stops every process it started (workers, their pool processes, Redis), also on Ctrl-C,
-   SIGTERM or an error; on a real server it deletes the keys it made.
+   SIGTERM or an error; on a real server it deletes the keys it made;
+6. with ``--report FILE``, writes the run as one self-contained HTML page with charts
+   (:mod:`.demo_html`), also after a failure or an interrupt, with what was recorded.
 
-Exit codes: 0 every task ran and no window held more starts than its rule allows; 1 some did
-not run within ``--duration``, a window went over, or a worker failed; 2 usage error (also: a
-missing dependency); 3 Redis unreachable; 130 interrupted.
+The limits are checked on the admissions as governor's rules counted them (Redis's clock, the
+``counted_at`` of :data:`governor.celery.signals.task_admitted`), not on when the bodies
+started: a body starts a moment after its admission, a moment that varies on a busy machine,
+so body starts can bunch up a little (11 in a second under 10/s) while admissions never do.
+
+Exit codes: 0 every task ran and no window counted more admissions than its rule allows; 1
+some did not run within ``--duration``, a window went over, a worker failed, or the report
+could not be written; 2 usage error (also: a missing dependency, a ``--report`` path that
+cannot be written); 3 Redis unreachable; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import secrets
 import shlex
 import shutil
@@ -128,6 +139,39 @@ class Flood:
         self.records.extend(DemoRecord.parse(x) for x in raw)
 
 
+def _report_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A report path must be writable before anything starts (a usage error otherwise)."""
+    if value is None:
+        return None
+    folder = value.parent
+    problem = (
+        "is a folder"
+        if value.is_dir()
+        else f"no folder {str(folder)!r}"
+        if not folder.is_dir()
+        else "not writable"
+        if not os.access(value if value.exists() else folder, os.W_OK)
+        else None
+    )
+    if problem:
+        raise click.BadParameter(f"{str(value)!r}: {problem}", ctx, param)
+    return value
+
+
+def _write_report(path: Path, summary: Summary) -> bool:
+    from .demo_html import write  # only when asked for
+
+    try:
+        write(path, summary)
+    except OSError as exc:
+        click.echo(
+            f"Error: cannot write the report to {str(path)!r}: {exc.strerror or exc}", err=True
+        )
+        return False
+    click.echo(f"report written to {path}", err=True)
+    return True
+
+
 @click.command("demo")
 @click.option(
     "--rules",
@@ -156,6 +200,13 @@ class Flood:
     "private one. GOVERNOR_REDIS_URL is never used here.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no live view).")
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    callback=_report_path,
+    metavar="FILE",
+    help="Also write the run as one self-contained HTML page with charts (e.g. run.html).",
+)
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -164,6 +215,7 @@ def demo(
     duration: float,
     redis_url: str | None,
     as_json: bool,
+    report: Path | None,
 ) -> None:
     """Flood a rate-limited task across two local worker nodes and watch the limit hold.
 
@@ -171,8 +223,12 @@ def demo(
     limit, shows the admitted rate live, prints a summary, and stops everything it started
     (also on Ctrl-C). Needs the demo extra (pip install -e '.[demo]').
 
+    The limits are checked on the admissions as Redis counted them; the task bodies start a
+    moment later, so their own starts are shown but not checked.
+
     Exit codes: 0 every task ran within the limit; 1 some did not run in time, a window went
-    over, or a worker failed; 2 usage; 3 Redis unreachable; 130 interrupted.
+    over, a worker failed, or the --report could not be written; 2 usage; 3 Redis unreachable;
+    130 interrupted.
     """
     _require_extras()
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -193,12 +249,15 @@ def demo(
     cluster = Cluster(run, rules_text, redis_url, workdir)
     flood = Flood(count)
     lost: Exception | None = None
+    failure: CliError | None = None
     with _signals_interrupt() as signals_seen:
         try:
             try:
                 _run(cluster, parsed, flood, duration, as_json)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 lost = exc  # also when Ctrl-C on a terminal reached the private Redis first
+            except CliError as exc:
+                failure = exc  # raised after the clean-up and the report
         except KeyboardInterrupt:
             pass
         finally:
@@ -210,7 +269,7 @@ def demo(
             cluster.stop()
             shutil.rmtree(workdir, ignore_errors=True)
     if lost is not None and not signals_seen:
-        raise CliError(f"lost Redis at {cluster.redis_label}: {lost}", EXIT_UNREACHABLE)
+        failure = CliError(f"lost Redis at {cluster.redis_label}: {lost}", EXIT_UNREACHABLE)
     summary = Summary(
         parsed,
         count,
@@ -219,18 +278,23 @@ def demo(
         duration,
         interrupted=bool(signals_seen),
         extra={"run": run, "redis": cluster.redis_label, "processes": cluster.pids},
+        error=None if failure is None else failure.message,
     )
     if summary.interrupted:
         _status(
             f"interrupted ({signals_seen[0]}): every process the demo started is stopped", as_json
         )
+    written = report is None or _write_report(report, summary)
+    if failure is not None:
+        raise failure
     if as_json:
         click.echo(json.dumps(summary.as_json(), indent=2))
     elif flood.started is not None:
         from .views import console
 
         console().print(summary_renderable(summary), soft_wrap=True)
-    ctx.exit(EXIT_INTERRUPTED if summary.interrupted else 0 if summary.ok else EXIT_FAILED)
+    ok = summary.ok and written
+    ctx.exit(EXIT_INTERRUPTED if summary.interrupted else 0 if ok else EXIT_FAILED)
 
 
 def _run(
@@ -290,9 +354,9 @@ def _run(
                 frame = live_frame(cluster, rules, tasks, flood.records, elapsed, duration, line)
                 live.update(frame, refresh=True)
             elif not as_json and (elapsed >= next_line or done >= tasks):
-                recent = sum(1 for r in flood.records if r.t > time.time() - 1.0)
+                recent = sum(1 for r in flood.records if r.at > time.time() - 1.0)
                 click.echo(
-                    f"{elapsed:5.1f}s  done {done}/{tasks}  started in the last second "
+                    f"{elapsed:5.1f}s  done {done}/{tasks}  admitted in the last second "
                     f"{recent} (at most {line} allowed)  waiting {tasks - done}"
                 )
                 next_line += 1.0

@@ -216,8 +216,13 @@ class Cluster:
 
     @property
     def pids(self) -> dict[str, Any]:
-        """What the demo started: worker (process group leader) pids and the Redis pid."""
-        return {"workers": [p.pid for p in self.workers], "redis": self.redis_pid}
+        """What the demo started: worker (process group leader) pids, their node names (as
+        ``-n`` gave them, without the host) and the Redis pid."""
+        return {
+            "workers": [p.pid for p in self.workers],
+            "nodes": [self.node_name(i) for i in range(len(self.workers))],
+            "redis": self.redis_pid,
+        }
 
     # -- stopping ---------------------------------------------------------------------------
 
