@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .errors import ConfigError, StorageUnavailable
@@ -22,6 +24,18 @@ class ClientUnavailable(StorageUnavailable, redis.ConnectionError):
     """No client could be made: a cluster none of whose startup nodes answered, a factory that
     raised. Both a Redis error and governor's "not now", so every path that copes with an
     unreachable Redis (``except RedisError`` or ``except StorageUnavailable``) copes with it."""
+
+
+def _cluster_retry() -> Retry:
+    """A cluster command that meets a connection error re-reads the slot map and tries once
+    more, at once (enough to follow a failover that already happened). redis-py's default, 10
+    retries with backoff, kept a transaction (claiming a released task) blocked for about 4 s
+    per call on a killed master's slots, holding the pool process instead of following
+    ``governor_fail_mode``. A new one per client: redis-py adjusts its copies. It goes with
+    ``reinitialize_steps=1``: a transaction re-reads the slot map only every that many errors,
+    counted per pipeline, so with fewer retries than 5 it would keep the dead master's address
+    for good."""
+    return Retry(NoBackoff(), 1)
 
 
 def mask_url(url: str) -> str:
@@ -87,6 +101,8 @@ class RedisTarget:
                         ClusterNode(host, port)  # type: ignore[no-untyped-call]
                         for host, port in self.nodes
                     ],
+                    retry=_cluster_retry(),
+                    reinitialize_steps=1,
                     **{**timeouts, **self.params},
                 )
             except RedisClusterException as exc:  # no startup node answered (redis-py says so)

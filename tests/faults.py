@@ -4,7 +4,8 @@ Each runs a governed backlog (``TASKS`` no-op tasks under ``RULE``, long waits p
 on two `celery worker` nodes (prefork, 2 processes each) and injects one fault into the
 governor's Redis while tasks wait, then records: tasks lost, tasks run twice, the most starts
 in any second against the limit, and the longest gap between starts after the fault (how long
-decisions stopped). The broker is the suite's Redis, untouched by the faults.
+decisions stopped). The broker is the suite's Redis, untouched by the faults. Redis Cluster
+faults (a master SIGKILLed, its replica lagging or not) are set up in tests/cluster_faults.py.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from cluster_faults import RULES, ClusterKill, Lost, limit_key, parking_keys, pick
+from local_cluster import LocalCluster
 from sentinels import LocalSentinel
 from worker_nodes import Nodes
 
-from governor.embedded import EmbeddedRedis
+from governor.embedded import EmbeddedRedis, find_redis_server
 
 TASKS = 40
 RULE = 10
@@ -42,10 +45,17 @@ class Outcome:
     most: int
     gap: float
     took: float
+    note: str = ""
+    """What else was measured (shown after the name)."""
+    failover: Lost | None = None
+    """A killed cluster master: what its promoted replica never received."""
+    starts: list[float] = field(default_factory=list, repr=False)
+    """Every start (Unix seconds), in order."""
 
     def row(self) -> list[Any]:
+        name = f"{self.name}: {self.note}" if self.note else self.name
         return [
-            self.name, f"{self.done}/{TASKS}", self.lost, self.twice, f"{self.most} / {RULE}",
+            name, f"{self.done}/{TASKS}", self.lost, self.twice, f"{self.most} / {RULE}",
             f"{self.gap:.1f} s", f"{self.took:.1f} s",
         ]  # fmt: skip
 
@@ -73,20 +83,23 @@ def run(
     inject: Callable[[], None],
     conf: dict[str, Any] | None = None,
     timeout: float = 90.0,
+    queue: str | None = None,
+    rules: str = f"{RULE}/s",
+    fault_at: float = FAULT_AT,
 ) -> Outcome:
-    queue = f"ft-{uuid.uuid4().hex[:6]}"
+    queue = queue or f"ft-{uuid.uuid4().hex[:6]}"
     nodes = Nodes(
         broker,
         store,
         record,
-        {queue: f"{RULE}/s"},
+        {queue: rules},
         conf=_conf(f"gt{uuid.uuid4().hex[:8]}", conf or {}),
     )
     try:
         nodes.start(2, concurrency=2, queues=[queue])
         started = time.time()
         nodes.publish(queue, TASKS)
-        time.sleep(max(0.0, FAULT_AT - (time.time() - started)))
+        time.sleep(max(0.0, fault_at - (time.time() - started)))
         fault = time.time()
         inject()
         deadline = time.monotonic() + timeout
@@ -114,6 +127,7 @@ def run(
         most,
         gap,
         (starts[-1] - started) if starts else 0.0,
+        starts=starts,
     )
 
 
@@ -178,6 +192,52 @@ def failover(broker: str, record: str, kill: bool = False, replicas: int = 1) ->
             sentinel.close()
 
 
+LAG = 0.8
+"""The longest a cluster replica lags before its master is killed (it stays stopped that long:
+keep it below the cluster's node timeout, 1.5 s)."""
+
+
+def cluster_kill(broker: str, record: str, limit: bool = False, lag: bool = False) -> Outcome:
+    """A Redis Cluster master SIGKILLed while tasks are parked on its slots (``parking_shards``
+    8, ``park_replicas`` 1; ``limit``: the queue's limit lives on it too); its replica takes
+    over when the cluster sees it fail. ``lag``: the master holds the limit, the replica lags
+    from the moment the backlog is published until every task is admitted or booked (at most
+    ``LAG`` s; see tests/cluster_faults.py), and parked tasks live on other masters: what the
+    lag lost, and the starts over the limit it allowed."""
+    with LocalCluster(find_redis_server(), replicas=1) as cluster:
+        prefix, shards = f"gt{uuid.uuid4().hex[:8]}", 1 if lag else 8
+        here = limit or lag
+        target, queue = pick(cluster, prefix, shards, parked_here=not lag, limit_here=here)
+        key, parked = limit_key(prefix, queue) if here else None, parking_keys(prefix, shards)
+        fault = ClusterKill(cluster, target, key, parked, LAG * lag, writes=TASKS)
+        conf = {
+            "governor_prefix": prefix,
+            "governor_redis_cluster": True,
+            "governor_parking_shards": shards,
+            "governor_park_replicas": 1,
+            "governor_park_replica_timeout": 0.5,
+        }
+        name = "Cluster: master SIGKILLed" + (
+            ", replica lagging" if lag else " (with the limit)" if limit else " (parked tasks)"
+        )
+        out = run(
+            name, broker, record, cluster.url(), fault.inject, conf, queue=queue, rules=RULES,
+            fault_at=0.0 if lag else FAULT_AT,
+        )  # fmt: skip
+        resumed = min((t for t in out.starts if t >= fault.killed_at), default=None)
+        lost = out.failover = fault.outcome(resumed)
+        over = max(0, out.most - RULE)
+        out.note = f"{lost.parked} parked on it"
+        if limit:
+            out.note += f", {lost.writes} writes lost, {over} over the limit"
+        if lag:
+            out.note = (
+                f"overshoot measured: {over} start(s) over the limit; writes lost in the lag: "
+                f"{lost.writes} ({lost.ahead} within a window of the failover or later)"
+            )
+        return out
+
+
 SCENARIOS: dict[str, Callable[[str, str], Outcome]] = {
     "hang": hang,
     "crash": crash,
@@ -185,4 +245,7 @@ SCENARIOS: dict[str, Callable[[str, str], Outcome]] = {
     "failover": failover,
     "failover-kill": lambda b, r: failover(b, r, kill=True),
     "failover-kill-nowait": lambda b, r: failover(b, r, kill=True, replicas=0),
+    "cluster-kill": cluster_kill,
+    "cluster-kill-limit": lambda b, r: cluster_kill(b, r, limit=True),
+    "cluster-kill-lag": lambda b, r: cluster_kill(b, r, lag=True),
 }

@@ -1,8 +1,7 @@
 """The limiter on a real Redis Cluster: one slot per script call, subjects spread over the nodes.
 
-A private cluster of three masters (no replicas) is started once for the module with the
-redis-server of :func:`governor.embedded.find_redis_server` (Redis 7 adds its slots with
-``CLUSTER ADDSLOTSRANGE``, Redis 6.2 with ``CLUSTER ADDSLOTS``; no ``redis-cli`` is needed).
+A private cluster of three masters (no replicas, tests/local_cluster.py) is started once for the
+module with the redis-server of :func:`governor.embedded.find_redis_server`.
 Tests use an explicit clock unless they are about Redis ``TIME``.
 """
 
@@ -10,11 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -23,8 +17,9 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio.cluster as aiocluster
 from click.testing import CliRunner
+from local_cluster import MASTERS, SLOTS, LocalCluster
+from local_cluster import command as _command
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -38,157 +33,23 @@ from governor.celery.settings import load_settings
 from governor.celery.store import Store
 from governor.cli import cli
 from governor.direct import lane_for
-from governor.embedded import find_redis_server, free_port, server_command
+from governor.embedded import find_redis_server, free_port
 from governor.plan import most_in_window
 
 ALL = ["sliding_log", "gcra", "token_bucket", "fixed_window", "sliding_window"]
 T0 = 1_700_000_000.0  # 20 s into a minute: fixed windows of a second and a minute stay put
-SLOTS = 16384
-MASTERS = 3
 NAME = "partner:{api}"  # an awkward limiter name too: escaped inside the hash tag
 
 _PIECES = ["{", "}", "{}", "}{", ":", "{a:b}", "%7B", "%", "ümlaut", "日本", "🚦", " ", "*", "?[x]"]
 SUBJECTS = [f"{_PIECES[i % 14]}{i}{_PIECES[i * 5 % 14]}" for i in range(200)]
 
 
-# -- the cluster ------------------------------------------------------------------------------
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _cluster_port(taken: set[int]) -> int:
-    """A free port whose cluster bus port (port + 10000, fixed in Redis 6.2) is free too."""
-    for _ in range(500):
-        port = free_port()
-        if port not in taken and port + 10000 <= 65535 and _port_is_free(port + 10000):
-            return port
-    raise RuntimeError("no free pair of loopback ports (port, port + 10000) for a cluster node")
-
-
-def _command(client: redis.Redis, *args: str | int) -> Any:
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+# -- the cluster (tests/local_cluster.py) -----------------------------------------------------
 
 
 def _port_of(rc: RedisCluster, key: str) -> int:
     """The port of the node that owns ``key``'s slot, in the client's slot map."""
     return int(rc.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
-
-
-def _info(client: redis.Redis) -> dict[str, str]:
-    raw = _command(client, "CLUSTER", "INFO")
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return dict(line.split(":", 1) for line in text.split() if ":" in line)
-
-
-class LocalCluster:
-    """Three cluster-enabled redis-server processes on loopback, joined and covering all slots."""
-
-    def __init__(self, executable: str) -> None:
-        self.executable = executable
-        self.dir = tempfile.mkdtemp(prefix="governor-cluster-")
-        self.processes: dict[int, subprocess.Popen[bytes]] = {}
-        self.nodes: dict[int, redis.Redis] = {}  # port -> a plain client of that node
-        self.version = ""
-
-    @property
-    def ports(self) -> list[int]:
-        return list(self.nodes)
-
-    def _spawn(self, port: int) -> subprocess.Popen[bytes]:
-        args = server_command(self.executable, port, self.dir, f"redis-{port}.log")
-        args += ["--cluster-enabled", "yes"]
-        args += ["--cluster-config-file", os.path.join(self.dir, f"nodes-{port}.conf")]
-        return subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-
-    def _start_node(self, deadline: float) -> None:
-        """Start one node; a port taken meanwhile by someone else means another try."""
-        for _ in range(5):
-            port = _cluster_port(set(self.processes))
-            process = self._spawn(port)
-            self.processes[port] = process
-            client = redis.Redis(port=port, socket_timeout=5)
-            while time.monotonic() < deadline and process.poll() is None:
-                try:
-                    client.ping()
-                except redis.ConnectionError:
-                    time.sleep(0.02)
-                    continue
-                self.nodes[port] = client
-                return
-            client.close()
-            if process.poll() is None:
-                raise RuntimeError(f"redis-server on port {port} did not answer in time")
-            del self.processes[port]
-        raise RuntimeError(f"redis-server keeps exiting at start: see the logs in {self.dir}")
-
-    def start(self, timeout: float = 15.0) -> LocalCluster:
-        deadline = time.monotonic() + timeout
-        for _ in range(MASTERS):
-            self._start_node(deadline)
-        clients = list(self.nodes.values())
-        self.version = str(clients[0].info("server")["redis_version"])
-        bounds = [SLOTS * i // MASTERS for i in range(MASTERS + 1)]
-        for i, client in enumerate(clients):
-            _command(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)  # no epoch collisions
-            first, last = bounds[i], bounds[i + 1] - 1
-            if int(self.version.split(".")[0]) >= 7:
-                _command(client, "CLUSTER", "ADDSLOTSRANGE", first, last)
-            else:
-                for start in range(first, last + 1, 1000):
-                    chunk = range(start, min(start + 1000, last + 1))
-                    _command(client, "CLUSTER", "ADDSLOTS", *chunk)
-        for mine, client in self.nodes.items():  # every pair meets: gossip would take seconds
-            for port in self.ports:
-                if port != mine:
-                    _command(client, "CLUSTER", "MEET", "127.0.0.1", port)
-        while True:  # masters only turn "ok" a little after they start (about two seconds)
-            infos = [_info(client) for client in clients]
-            if all(
-                info.get("cluster_state") == "ok"
-                and info.get("cluster_known_nodes") == str(MASTERS)
-                and info.get("cluster_slots_ok") == str(SLOTS)
-                for info in infos
-            ):
-                return self
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the cluster did not become ok in {timeout}s: {infos}")
-            time.sleep(0.05)
-
-    def client(self, **kwargs: object) -> RedisCluster:
-        return RedisCluster(host="127.0.0.1", port=self.ports[0], **kwargs)  # type: ignore[arg-type]
-
-    def async_client(self) -> aiocluster.RedisCluster:
-        return aiocluster.RedisCluster(host="127.0.0.1", port=self.ports[0])
-
-    def keys_by_node(self, pattern: str) -> dict[int, set[str]]:
-        """Each node's keys matching ``pattern``, read from the node itself (not the router)."""
-        return {
-            port: {key.decode() for key in client.scan_iter(match=pattern, count=1000)}
-            for port, client in self.nodes.items()
-        }
-
-    def close(self) -> None:
-        for client in self.nodes.values():
-            client.close()
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

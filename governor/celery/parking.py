@@ -269,20 +269,36 @@ def take_due(
     """Take what is due within ``horizon`` seconds (and what a dead releaser left), leased
     for ``lease`` seconds, from every shard: (Redis time, [(parking id, envelope)]), at most
     ``batch`` a shard. Publish each one, then :func:`forget_released` it; what is not
-    forgotten is taken again when its lease ends."""
+    forgotten is taken again when its lease ends. A shard that does not answer (its cluster
+    master is down) is skipped with a warning, so the others keep flowing and what was taken
+    from them is published; :class:`StorageUnavailable` only when none answers."""
     now, taken = 0.0, []
-    for shard in all_shards(shards):
-        reply = eval_script(
-            client,
-            plain_script("release"),
-            list(keys(prefix, shard)),
-            [round(horizon * 1000), round(lease * 1000), batch],
-        )
+    groups, failed = all_shards(shards), []
+    for shard in groups:
+        try:
+            reply = eval_script(
+                client,
+                plain_script("release"),
+                list(keys(prefix, shard)),
+                [round(horizon * 1000), round(lease * 1000), batch],
+            )
+        except StorageUnavailable as exc:
+            failed.append(exc)
+            continue
         now = max(now, int(reply[0]) / 1000)
         taken += [
             (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
             for i in range(1, len(reply), 2)
         ]
+    if len(failed) == len(groups):
+        raise failed[0]
+    if failed:
+        logger.warning(
+            "governor: %d of %d groups of parked tasks not released now: %s",
+            len(failed),
+            len(groups),
+            failed[0],
+        )
     return now, taken
 
 
