@@ -8,6 +8,7 @@ Tests use an explicit clock unless they are about Redis ``TIME``.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import threading
 import time
@@ -432,6 +433,19 @@ def test_cli_and_doctor_on_the_cluster(
     assert "16384/16384 slots ok" in coverage[0]["detail"]
     assert [c["status"] for c in checks if c["check"] == "persistence"] == ["FAIL"] * MASTERS
     assert doctor.exit_code == 1  # no persistence anywhere
+
+    if importlib.util.find_spec("flask") is not None:  # the dashboard takes the same options
+        from dashboard_helpers import get
+
+        from governor.cli.common import State
+        from governor.dashboard.server import Dashboard
+
+        state = State(redis_url=url, prefix=prefix, cluster=True)
+        with Dashboard(state, port=0, interval=0.3) as board:
+            (shown,) = get(f"{board.url}/api/limits")[1]["limits"]
+            assert shown["name"] == "partner-api" and len(shown["subjects"]) == MASTERS
+            listed = get(f"{board.url}/api/limit?label=partner-api")[1]
+            assert sorted(s["subject"] for s in listed["subjects"]) == sorted(subjects)
 
     plain = _invoke("--redis-url", url, "status")
     assert plain.exit_code == 2 and "set --cluster" in plain.stderr
