@@ -109,6 +109,12 @@ def run(
             runs = nodes.runs()
     finally:
         nodes.stop()
+    return measure(name, runs, started, fault)
+
+
+def measure(name: str, runs: list[dict[str, Any]], started: float, fault: float) -> Outcome:
+    """The measures of a run: ``runs`` as the nodes recorded them, ``started`` when the backlog
+    was published, ``fault`` when the fault was injected (Unix seconds)."""
     starts = sorted(r["t"] for r in runs)
     # admissions are counted on Redis's clock; a body starts some ms after its admission, and
     # after an outage many start at once, so starts are counted in windows 50 ms short
@@ -119,15 +125,9 @@ def run(
     after = [fault, *[t for t in starts if t >= fault]]
     gap = max((b - a for a, b in itertools.pairwise(after)), default=0.0)
     unique = len({r["n"] for r in runs})
+    took = (starts[-1] - started) if starts else 0.0
     return Outcome(
-        name,
-        unique,
-        TASKS - unique,
-        len(runs) - unique,
-        most,
-        gap,
-        (starts[-1] - started) if starts else 0.0,
-        starts=starts,
+        name, unique, TASKS - unique, len(runs) - unique, most, gap, took, starts=starts
     )
 
 

@@ -69,6 +69,8 @@ class EarlyDeferral:
             return False
 
     def _defer(self, req: Any) -> bool:
+        if req.delivery_info.get("redelivered"):
+            return False  # the pool drops it if it was settled before (see .redelivery)
         calls, task = self.calls, req.task
         carried = req._request_dict.get(HEADER)
         if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):

@@ -38,7 +38,7 @@ import redis
 
 from ..caps import new_token
 from ..errors import GovernorError, GovernorTimeout, StorageUnavailable
-from . import parking, signals
+from . import parking, redelivery, signals
 from .backoff import Backoff
 from .calls import Call, Calls, TaskOptions
 from .decide import Outcome, Who
@@ -126,6 +126,8 @@ class Gate:
         if not call.specs and not call.shadows and call.state.parked is None:
             return None
         try:
+            if redelivery.settled(self.client, self.settings.prefix, request, call.state.waits):
+                return Duplicate(f"governor: {call.name} ran or waits already")
             if not self._first_copy(call) or not self.fairness.claim(call):
                 return Duplicate(f"governor: a second copy of {call.name}")
             deferred = self._decide(call) if call.specs else None

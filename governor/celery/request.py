@@ -6,11 +6,14 @@ that early acknowledgement until the pool process reports back: after a deferral
 message is out by then), a success, a failure or a retry. A worker that dies in between leaves
 the message unacknowledged, and the broker delivers it again: nothing is lost, at the price of
 running a governed task twice if the whole worker dies during its body (as with acks_late).
+An acknowledgement that fails (the broker connection is down) is marked in the governor's
+Redis, so the message delivered again is dropped, not run or deferred twice (.redelivery).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
@@ -18,7 +21,7 @@ from celery.exceptions import TaskRevokedError
 from celery.utils.imports import symbol_by_name
 from celery.worker.request import Request
 
-from . import registry
+from . import redelivery, registry
 
 __all__ = ["GovernedRequestMixin", "governed_request_class"]
 
@@ -32,6 +35,7 @@ class GovernedRequestMixin:
     """Holds the early acknowledgement of governed messages until the outcome is known."""
 
     _governor_hold = False
+    id: str
     task: Any
     delivery_info: Any
     worker_pid: int | None
@@ -42,12 +46,32 @@ class GovernedRequestMixin:
 
     def acknowledge(self) -> None:
         if not self._governor_hold:
-            super().acknowledge()  # type: ignore[misc]
+            self._governor_ack()
 
     def _governor_release(self) -> None:
         if self._governor_hold:
             self._governor_hold = False
-            super().acknowledge()  # type: ignore[misc]
+            self._governor_ack()
+
+    def _governor_ack(self) -> None:
+        message = getattr(self, "_message", None)
+        if message is not None and not getattr(self, "acknowledged", False):
+            # Celery acknowledges a moment later, on its event loop: see if that fails then
+            message.ack = _marking(message.ack, self._governor_unacked)
+        super().acknowledge()  # type: ignore[misc]
+
+    def _governor_unacked(self) -> None:
+        """The acknowledgement failed (the broker connection is down) after the task ran or
+        was deferred: mark it, so that the broker delivering it again does not run it."""
+        governor = registry.find(self.task.app)
+        if governor is None or not self._governed_message():
+            return
+        info: Any = getattr(self, "_request_dict", None) or {}
+        retries, waits = int(info.get("retries") or 0), redelivery.waits_of(info)
+        try:
+            redelivery.mark(governor.gate.client, governor.settings.prefix, self.id, retries, waits)
+        except Exception as exc:
+            logger.error("governor: %s not acknowledged, nor marked: %r", self.id, exc)
 
     def on_accepted(self, pid: int, time_accepted: float) -> None:
         if not self.task.acks_late and self._governed_message():
@@ -131,6 +155,17 @@ class GovernedRequestMixin:
 
             on_success._governor_wrapped = True  # type: ignore[attr-defined]
             cls.on_success = on_success  # type: ignore[method-assign]
+
+
+def _marking(ack: Callable[..., None], unacked: Callable[[], None]) -> Callable[..., None]:
+    def marking_ack(*args: Any, **kwargs: Any) -> None:
+        try:
+            ack(*args, **kwargs)
+        except Exception:
+            unacked()
+            raise
+
+    return marking_ack
 
 
 def _skip_pool(request: Any) -> None:
