@@ -96,6 +96,13 @@ def carrying(marker: str) -> list[str]:
     return found
 
 
+def _as_from_a_terminal() -> None:
+    """In the child: Ctrl-C interrupts, as in a terminal. A suite started in the background
+    by a shell (``pytest ... &``) ignores SIGINT, and the demo keeps an ignored signal ignored,
+    as it does under ``nohup``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Demo:
     """``governor demo`` in its own session (as from a terminal), its process tree watched."""
 
@@ -110,6 +117,7 @@ class Demo:
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
+                preexec_fn=_as_from_a_terminal,
             )
         self.seen: Seen = {}
 
