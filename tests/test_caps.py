@@ -19,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from celery_helpers import wait_for
 from conftest import ServerHandle
 from governor import Concurrency, ConfigError, GovernorTimeout, Limiter, SlotLost
 from governor.aio import Concurrency as AioConcurrency
@@ -57,9 +58,7 @@ def test_a_waiter_is_woken_when_a_slot_frees(r: redis.Redis, prefix: str) -> Non
 
     thread = threading.Thread(target=wait)
     thread.start()
-    deadline = time.monotonic() + 5
-    while cap.holders("s").waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: cap.holders("s").waiting, bool, timeout=5, every=0.005)
     assert cap.holders("s").waiting == 1
     released_at = time.monotonic()
     held.release()
@@ -102,9 +101,7 @@ def test_a_lost_slot_is_reported(r: redis.Redis, prefix: str) -> None:
     permit = cap.acquire("s")
     assert permit is not None
     r.delete(*cap.limiter.cap_keys("s"))  # as if its lease lapsed and a sweep removed it
-    deadline = time.monotonic() + 3
-    while not permit.lost and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: permit.lost, bool, timeout=3, every=0.02)
     assert permit.lost and lost == [permit]
     with pytest.raises(SlotLost):
         permit.check()

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from celery import Task
 
-from celery_helpers import Recorder, most_in_window, new_app, worker
+from celery_helpers import Recorder, most_in_window, new_app, wait_for, worker
 from conftest import ServerHandle
 from governor import ConfigError, Limiter
 from governor.celery import GovernedTask, Governor, GovernorTimeout
@@ -192,9 +192,7 @@ def test_max_wait_gives_up_with_governor_timeout(
     with worker(app, [q]):
         job.delay()
         job.delay()  # would wait about a minute
-        deadline = time.monotonic() + 10
-        while not failures and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: failures, bool, timeout=10, every=0.05)
     assert len(failures) == 1 and isinstance(failures[0], GovernorTimeout)
     assert "governor_max_wait=5" in str(failures[0])
 
@@ -212,9 +210,7 @@ def test_cost_above_the_limit_fails_clearly(
 
     with worker(app, [q]):
         heavy.delay()
-        deadline = time.monotonic() + 10
-        while not failures and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: failures, bool, timeout=10, every=0.05)
     assert failures and "can never run" in str(failures[0]) and "3/s" in str(failures[0])
 
 
@@ -468,9 +464,7 @@ def test_a_revoked_task_is_not_deferred(redis_server: ServerHandle) -> None:
             job.apply_async((1,), task_id=doomed, countdown=1.5)  # held by the worker's timer
             time.sleep(0.7)
             revoked.add(doomed)  # what a revoke broadcast does in every worker, meanwhile
-            deadline = time.monotonic() + 10
-            while doomed not in discarded and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: doomed in discarded, bool, timeout=10, every=0.05)
     finally:
         signals.task_deferred.disconnect(on_deferred)
         task_revoked.disconnect(on_revoked)
@@ -514,9 +508,7 @@ def test_a_task_that_cannot_be_republished_fails_visibly(
         job.delay(0)
         job.delay(1)
         refuse["now"] = True  # both are out; the re-publish of the deferred one will fail
-        deadline = time.monotonic() + 10
-        while not failures and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: failures, bool, timeout=10, every=0.05)
         time.sleep(0.5)
     assert len(failures) == 1 and isinstance(failures[0], GovernorError), failures
     assert "re-publishing it failed" in str(failures[0])

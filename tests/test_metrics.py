@@ -26,7 +26,7 @@ from celery.signals import worker_init
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from celery_helpers import Recorder, new_app, worker
+from celery_helpers import Recorder, new_app, wait_for, worker
 from conftest import ServerHandle
 from governor import Limiter
 from governor.celery import Governor, metrics, signals
@@ -378,9 +378,7 @@ class PreforkWorker:
                 app.send_task("metrics_app.job", (n,), queue=self.queue, producer=producer)
 
     def runs(self, count: int, timeout: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.record.llen(f"{self.key}:runs") < count:
-            time.sleep(0.05)
+        wait_for(lambda: self.record.llen(f"{self.key}:runs"), lambda n: n >= count, timeout, 0.05)
         return [json.loads(x) for x in self.record.lrange(f"{self.key}:runs", 0, -1)]
 
     def failures(self) -> list[Any]:
