@@ -207,6 +207,11 @@ def test_redis_going_away_shows_an_error_and_recovers(prefix: str) -> None:
             assert [x["label"] for x in down["limits"]] == ["api"]  # the last reading stays
             status, data = get(f"{board.url}/api/inspect?name=api&subject=k1")
             assert status == 503 and "cannot reach Redis" in data["error"]
+            status, data = get(f"{board.url}/api/limit?label=api")
+            assert status == 503 and "cannot reach Redis" in data["error"]
+            with Dashboard(state, port=0, interval=0.2) as fresh:  # nothing read yet
+                status, data = get(f"{fresh.url}/api/limit?label=api")
+                assert status == 503 and "no limit read yet" in data["error"], data
             server.start()
             up = wait_for(
                 lambda: get(f"{board.url}/api/limits")[1],

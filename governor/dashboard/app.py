@@ -85,7 +85,10 @@ def find_limit(sampler: Sampler, label: str) -> LimitState:
     for ls in sampler.frame.limits:
         if ls.entry.label == label:
             return ls
-    known = ", ".join(repr(ls.entry.label) for ls in sampler.frame.limits[:5]) or "none yet"
+    frame = sampler.frame
+    if frame.error is not None and not frame.limits:
+        raise Problem(f"Redis is unreachable, no limit read yet: {frame.error}", 503)
+    known = ", ".join(repr(ls.entry.label) for ls in frame.limits[:5]) or "none yet"
     raise Problem(f"unknown limit {label!r} (the dashboard knows {known})", 404)
 
 
