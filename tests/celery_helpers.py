@@ -105,6 +105,20 @@ def first_at_once(intervals: list[dict[str, Any]], count: int, after: float) -> 
     return None
 
 
+def config_error(redis_url: str, **conf: Any) -> str:
+    """The ``ConfigError`` a governed app with settings ``conf`` raises when it finalizes."""
+    import pytest
+
+    from governor import ConfigError
+    from governor.celery import Governor
+
+    app = new_app(redis_url, "q", **conf)
+    Governor(app)
+    with pytest.raises(ConfigError) as info:
+        app.finalize()
+    return str(info.value)
+
+
 def wait_for(
     read: Callable[[], Any], done: Callable[[Any], bool], timeout: float, every: float = 0.1
 ) -> Any:

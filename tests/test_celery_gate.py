@@ -9,7 +9,7 @@ import uuid
 import pytest
 from celery import Task
 
-from celery_helpers import Recorder, most_in_window, new_app, wait_for, worker
+from celery_helpers import Recorder, config_error, most_in_window, new_app, wait_for, worker
 from conftest import ServerHandle
 from governor import ConfigError, Limiter
 from governor.celery import GovernedTask, Governor, GovernorTimeout
@@ -230,11 +230,7 @@ def test_cost_above_the_limit_fails_clearly(
 def test_bad_settings_fail_when_the_app_finalizes(
     redis_server: ServerHandle, conf: dict[str, object], mentions: str
 ) -> None:
-    app = new_app(redis_server.url(), "q", **conf)
-    Governor(app)
-    with pytest.raises(ConfigError) as info:
-        app.finalize()
-    assert mentions in str(info.value)
+    assert mentions in config_error(redis_server.url(), **conf)
 
 
 def test_bad_task_options_fail_when_the_app_finalizes(redis_server: ServerHandle) -> None:

@@ -17,7 +17,7 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from sentinels import LocalSentinel
 
-from celery_helpers import Recorder, most_in_window, new_app, worker
+from celery_helpers import Recorder, config_error, most_in_window, new_app, worker
 from conftest import ServerHandle
 from governor import ConfigError, Limiter, StorageUnavailable
 from governor.celery import Governor
@@ -215,11 +215,7 @@ def test_settings_forms() -> None:
 def test_bad_settings_fail_at_start_up(
     redis_server: ServerHandle, conf: dict[str, Any], mentions: str
 ) -> None:
-    app = new_app(redis_server.url(), "q", **conf)
-    Governor(app)
-    with pytest.raises(ConfigError) as info:
-        app.finalize()
-    assert mentions in str(info.value)
+    assert mentions in config_error(redis_server.url(), **conf)
 
 
 # -- through Sentinel -------------------------------------------------------------------------

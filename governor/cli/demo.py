@@ -144,18 +144,15 @@ def _report_path(ctx: click.Context, param: click.Parameter, value: Path | None)
     if value is None:
         return None
     folder = value.parent
-    problem = (
-        "is a folder"
-        if value.is_dir()
-        else f"no folder {str(folder)!r}"
-        if not folder.is_dir()
-        else "not writable"
-        if not os.access(value if value.exists() else folder, os.W_OK)
-        else None
-    )
-    if problem:
-        raise click.BadParameter(f"{str(value)!r}: {problem}", ctx, param)
-    return value
+    if value.is_dir():
+        problem = "is a folder"
+    elif not folder.is_dir():
+        problem = f"no folder {str(folder)!r}"
+    elif not os.access(value if value.exists() else folder, os.W_OK):
+        problem = "not writable"
+    else:
+        return value
+    raise click.BadParameter(f"{str(value)!r}: {problem}", ctx, param)
 
 
 def _write_report(path: Path, summary: Summary) -> bool:

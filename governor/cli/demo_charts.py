@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-from .plan_chart import CEILING_COLOURS, _nice_step, _number
+from .plan_chart import CEILING_COLOURS, nice_step, number_text
 
 __all__ = ["Series", "bar_chart", "steps_chart"]
 
@@ -36,7 +36,7 @@ def _svg(title: str, css: str, y_max: float, step: float, y_label: str) -> list[
         y = _y(value, y_max)
         out.append(
             f'<line x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_number(value)}</text>'
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{number_text(value)}</text>'
         )
         value += step
     out.append(
@@ -52,7 +52,7 @@ def _y(value: float, y_max: float) -> float:
 
 def _scale(top: float) -> tuple[float, float]:
     """(y_max, step): round ticks a tenth above ``top``."""
-    step = _nice_step(top * 1.1)
+    step = nice_step(top * 1.1)
     return step * math.ceil(max(top, 1) * 1.1 / step), step
 
 
@@ -104,7 +104,7 @@ def bar_chart(
             top, bottom = _y(base + value, y_max), _y(base, y_max)
             base += value if stacked else 0
             if value:
-                tip = f"{label}: {name} {_number(value)}"
+                tip = f"{label}: {name} {number_text(value)}"
                 out.append(
                     f'<rect class="bar" x="{x:.2f}" y="{top:.2f}" width="{each:.2f}" '
                     f'height="{bottom - top:.2f}" fill="{colour}"><title>{escape(tip)}</title>'
@@ -158,7 +158,7 @@ def steps_chart(title: str, series: Sequence[Series], y_label: str, *, css: str 
     while value <= x_max + x_step / 2:
         out.append(
             f'<text x="{x(value):.1f}" y="{TOP + PLOT_H + 16}" text-anchor="middle">'
-            f"{_number(value)}s</text>"
+            f"{number_text(value)}s</text>"
         )
         value += x_step
     _legend(out, [(name, colour, k > 0) for k, (name, colour, _) in enumerate(series)])

@@ -21,7 +21,7 @@ from ..plan import Plan
 from .demo_charts import bar_chart, steps_chart
 from .demo_procs import CONCURRENCY, NODES
 from .demo_report import Summary
-from .plan_chart import BAR, _number, _tick_label, bucket_for, ceiling
+from .plan_chart import BAR, bucket_for, ceiling, number_text, tick_label
 
 __all__ = ["render", "write"]
 
@@ -48,9 +48,9 @@ def _time_charts(summary: Summary) -> list[str]:
     origin = min(counted[0], started[0])
     bucket = bucket_for(max(counted[-1], started[-1]) - origin)
     n = int((max(counted[-1], started[-1]) - origin) // bucket.size) + 1
-    labels = [_tick_label(i, bucket, None) for i in range(n)]
+    labels = [tick_label(i, bucket, None) for i in range(n)]
     ceilings = [
-        (f"{r.text}: at most {_number(c)}", float(c))
+        (f"{r.text}: at most {number_text(c)}", float(c))
         for r in summary.rules
         for c in [ceiling(r, bucket.size)]
     ]

@@ -20,7 +20,17 @@ from ..plan import Plan
 from ..rules import Rule
 from .common import format_duration
 
-__all__ = ["MAX_BARS", "Bucket", "bucket_for", "ceiling", "render", "write"]
+__all__ = [
+    "MAX_BARS",
+    "Bucket",
+    "bucket_for",
+    "ceiling",
+    "nice_step",
+    "number_text",
+    "render",
+    "tick_label",
+    "write",
+]
 
 MAX_BARS = 180
 UNITS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400), ("week", 604800))
@@ -69,18 +79,18 @@ def ceiling(rule: Rule, bucket_seconds: int, cost: int = 1) -> int:
     return (rule.limit // cost) * windows
 
 
-def _nice_step(top: float, ticks: int = 5) -> float:
+def nice_step(top: float, ticks: int = 5) -> float:
     """A round tick step (1, 2 or 5 times a power of ten) giving about ``ticks`` ticks."""
     raw = max(top, 1.0) / ticks
     power = 10.0 ** math.floor(math.log10(raw))
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.3g}"
 
 
-def _tick_label(index: int, bucket: Bucket, origin: float | None) -> str:
+def tick_label(index: int, bucket: Bucket, origin: float | None) -> str:
     if origin is None:
         return f"+{index * bucket.size // _unit_size(bucket)}{bucket.letter}"
     at = datetime.fromtimestamp(origin + index * bucket.size)
@@ -101,7 +111,7 @@ def render(plan: Plan, origin: float | None = None) -> str:
     bars = [counts.get(i, 0) for i in range(n)]
     ceilings = [(rule, ceiling(rule, bucket.size, plan.cost)) for rule in plan.rules]
     top = max(max(bars), min(c for _, c in ceilings))
-    step = _nice_step(top * 1.1)
+    step = nice_step(top * 1.1)
     y_max = step * math.ceil(top * 1.1 / step)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -125,7 +135,7 @@ def render(plan: Plan, origin: float | None = None) -> str:
         out.append(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
             f'stroke="#ddd"/><text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">'
-            f"{_number(value)}</text>"
+            f"{number_text(value)}</text>"
         )
         value += step
     out.append(
@@ -138,7 +148,7 @@ def render(plan: Plan, origin: float | None = None) -> str:
     out.append('<g class="bars">')
     for i, count in enumerate(bars):
         x = LEFT + i * slot + (slot - width) / 2
-        label = f"{_tick_label(i, bucket, origin)}: {count} jobs"
+        label = f"{tick_label(i, bucket, origin)}: {count} jobs"
         out.append(
             f'<rect class="bar" x="{x:.2f}" y="{y(count):.2f}" width="{width:.2f}" '
             f'height="{TOP + plot_h - y(count):.2f}" fill="{BAR}">'
@@ -155,7 +165,7 @@ def render(plan: Plan, origin: float | None = None) -> str:
         x = LEFT + (i + 0.5) * slot
         out.append(
             f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">'
-            f"{escape(_tick_label(i, bucket, origin))}</text>"
+            f"{escape(tick_label(i, bucket, origin))}</text>"
         )
     x_label = (
         f"{bucket.plural} after the start"
@@ -176,7 +186,7 @@ def render(plan: Plan, origin: float | None = None) -> str:
     for k, (rule, most) in enumerate(ceilings):
         colour = CEILING_COLOURS[k % len(CEILING_COLOURS)]
         legend_y += 20
-        text = f"{rule.text}: {_number(most)}"
+        text = f"{rule.text}: {number_text(most)}"
         if most <= y_max:
             out.append(
                 f'<line class="ceiling" data-rule={quoteattr(rule.text)} x1="{LEFT}" '
