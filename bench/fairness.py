@@ -1,7 +1,7 @@
 """Fair sharing of a quota between tenants, against first come, first served (``fair_by=None``).
 
-    python bench/fairness.py                  # about 5 minutes on 2 cores
-    python bench/fairness.py --only flood
+    python -m bench.fairness                  # about 5 minutes on 2 cores
+    python -m bench.fairness --only flood
 
 Workers: 2 separate ``celery worker`` nodes (prefork, 2 processes each) on a private Redis
 broker; tasks are no-ops that record when they started.
@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nodes import send, start_nodes, stop_nodes
-
-from common import table
+from bench.common import table
+from bench.nodes import send, start_nodes, stop_nodes
 from governor.embedded import EmbeddedRedis
 
 Runs = list[tuple[float, str, int, float]]

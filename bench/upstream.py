@@ -1,8 +1,8 @@
 """Upstream feedback: an HTTP upstream allows fewer calls than the app's rules, and answers the
 rest with 429 + Retry-After. How many 429s, how fast, how long, with and without feedback.
 
-    python bench/upstream.py                       # about a minute and a half on 2 cores
-    python bench/upstream.py --tasks 600 --quota 20 --rules 60/s
+    python -m bench.upstream                       # about a minute and a half on 2 cores
+    python -m bench.upstream --tasks 600 --quota 20 --rules 60/s
 
 Workers: 2 separate ``celery worker`` nodes (prefork, 2 processes each) on a private Redis
 broker; the whole backlog is published at once. The upstream counts calls per fixed second.
@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from nodes import send, start_nodes, stop_nodes
-from upstream_server import upstream
-
-from common import table
+from bench.common import table
+from bench.nodes import send, start_nodes, stop_nodes
 from governor.embedded import EmbeddedRedis
+from tests.support.upstream_server import upstream
 
 
 def run(server: EmbeddedRedis, mode: str, args: argparse.Namespace) -> dict[str, Any]:

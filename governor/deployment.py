@@ -2,7 +2,8 @@
 a wrong clock would do to limits and parked tasks. ``governor doctor`` prints them; a worker
 warns at start-up when the Redis keeps nothing on disk (:func:`volatile_servers`).
 
-What is at stake, by key (see :mod:`governor.celery.parking` and :mod:`governor.celery.waiting`):
+What is at stake, by key (see :mod:`governor.celery.waiting.parking` and
+:mod:`governor.celery.waiting.cap_line`):
 
 - parked tasks (``{parked}:due``/``msgs``) and the waiters of full concurrency caps have **no
   TTL** and exist nowhere else: lost with the Redis, the tasks are lost;

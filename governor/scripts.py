@@ -6,8 +6,21 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
-__all__ = ["LuaScript", "algorithm_script", "block_script", "cap_ops_script", "capped_script"]
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from .errors import StorageUnavailable
+
+__all__ = [
+    "LuaScript",
+    "algorithm_script",
+    "block_script",
+    "cap_ops_script",
+    "capped_script",
+    "package_script",
+    "run_script",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +58,27 @@ def pause_script() -> LuaScript:
 
 @cache
 def plain_script(name: str) -> LuaScript:
-    """A standalone script (no prelude): block, park, release."""
+    """A standalone script of ``governor/lua`` (no prelude): block, pause."""
     return _make(name, _read(name))
+
+
+@cache
+def package_script(package: str, name: str) -> LuaScript:
+    """``<name>.lua`` from ``package``'s own directory: the Celery layer's scripts live beside
+    the modules that run them (``package_script("governor.celery.waiting", "park")``)."""
+    return _make(name, (resources.files(package) / f"{name}.lua").read_text("utf-8"))
+
+
+def run_script(client: Any, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+    """EVALSHA, loading the script on ``NOSCRIPT``; a Redis that does not answer is
+    :class:`~governor.errors.StorageUnavailable` (callers choose what an outage means)."""
+    try:
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(script.text, len(keys), *keys, *args)
+    except (RedisError, RedisClusterException) as exc:
+        raise StorageUnavailable(f"Redis did not answer ({script.name}.lua): {exc}") from exc
 
 
 NO_RULES = """local function rate()

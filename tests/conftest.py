@@ -15,21 +15,7 @@ import pytest
 import redis
 
 from governor.embedded import EmbeddedRedis
-
-
-class ServerHandle:
-    """Where the test Redis lives, and (for the private one) how to stop and restart it."""
-
-    def __init__(self, url: str, embedded: EmbeddedRedis | None) -> None:
-        self.base_url = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
-        self.embedded = embedded
-
-    def url(self, db: int = 0) -> str:
-        return f"{self.base_url}/{db}"
-
-    @property
-    def private(self) -> bool:
-        return self.embedded is not None
+from support.servers import ServerHandle
 
 
 @pytest.fixture(scope="session")
@@ -94,10 +80,10 @@ def failures() -> Iterator[list[BaseException]]:
 
 @pytest.fixture
 def nodes_factory(redis_server: ServerHandle) -> Iterator[Any]:
-    """Make groups of separate `celery worker` nodes (tests/worker_nodes.py) on the suite's
+    """Make groups of separate `celery worker` nodes (tests/support/worker_nodes.py) on the suite's
     Redis (broker db 1, governor db 2, records db 3; ``broker``/``store`` override); every
     node is stopped at the end of the test."""
-    from worker_nodes import Nodes
+    from support.worker_nodes import Nodes
 
     made: list[Nodes] = []
 

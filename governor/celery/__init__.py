@@ -6,12 +6,12 @@
 """
 
 from ..errors import GovernorTimeout
+from .admission.holding import current_permits
 from .app import Governor
-from .backoff import Backoff
 from .batch import submit_batch
-from .gate import Deferred
-from .holding import current_permits
+from .feedback.backoff import Backoff
 from .task import GovernedTask
+from .types import Deferred
 
 __all__ = [
     "Backoff",

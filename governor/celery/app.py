@@ -30,25 +30,17 @@ from ..connect import close_client
 from ..deployment import volatile_servers
 from ..errors import ConfigError
 from . import registry
-from .gate import Gate
-from .limits import validate_task
-from .releaser import ReleaserStep
+from .admission.gate import Gate
+from .bootstep import ReleaserStep
+from .config.settings import Settings, load_settings
+from .config.task_limits import validate_task
+from .patches import hide_deferral_logs, mix_into_task, wrap_finalize
 from .request import governed_request_class
-from .settings import Settings, load_settings
 from .task import GovernedMixin, GovernedTask, watch_backoff
 
 __all__ = ["Governor"]
 
 logger = logging.getLogger("governor.celery")
-
-
-class _HideDeferrals(logging.Filter):
-    """Celery logs every ``Ignore`` at INFO ("Task x ignored"); a deferral is normal operation
-    (governor logs a summary instead), so those lines are dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        data = getattr(record, "data", None)
-        return not (isinstance(data, dict) and str(data.get("exc", "")).startswith("Deferred("))
 
 
 class Governor:
@@ -61,15 +53,7 @@ class Governor:
         self._settings: Settings | None = None
         self._gate: Gate | None = None
         registry.register(app, self)
-        finalize = app.finalize
-
-        def finalize_and_validate(auto: bool = False) -> None:
-            was_finalized = app.finalized
-            finalize(auto=auto)
-            if app.finalized and not was_finalized:
-                self._validate()
-
-        app.finalize = finalize_and_validate
+        wrap_finalize(app, self._validate)
         celery_signals.worker_init.connect(self._on_worker_init, weak=False)
         app.steps["worker"].add(ReleaserStep)
         if app.finalized:
@@ -79,11 +63,6 @@ class Governor:
     def find(cls, app: Any) -> Governor | None:
         found = registry.find(app)
         return found if isinstance(found, Governor) else None
-
-    @classmethod
-    def of(cls, app: Any) -> Governor:
-        """The app's Governor, created on first use (for GovernedTask without Governor(app))."""
-        return cls.find(app) or cls(app)
 
     @property
     def settings(self) -> Settings:
@@ -182,7 +161,7 @@ class Governor:
         celery_signals.worker_process_shutdown.connect(self._release_leases, weak=False)
         celery_signals.worker_shutdown.connect(self._release_leases, weak=False)
         celery_signals.task_postrun.connect(self._task_done, weak=False)
-        logging.getLogger("celery.app.trace").addFilter(_HideDeferrals())
+        hide_deferral_logs()
         if self.settings.metrics_port is not None:
             try:
                 from . import metrics
@@ -256,13 +235,7 @@ class Governor:
         """Give ``task`` the gate and the governed request class. False for Celery's own."""
         if task.name.startswith("celery."):
             return False
-        cls = type(task)
-        if not issubclass(cls, GovernedMixin):
-            task.__class__ = type(
-                cls.__name__,
-                (GovernedMixin, cls),
-                {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
-            )
+        mix_into_task(task, GovernedMixin)
         task.Request = governed_request_class(task.Request)
         watch_backoff(task)
         return True

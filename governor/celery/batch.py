@@ -24,9 +24,11 @@ from celery import Signature
 from celery.result import AsyncResult
 
 from ..errors import ConfigError
-from . import parking, registry, signals
-from .limits import key_spec
-from .waits import HEADER, WaitState
+from . import registry, signals
+from .config.task_limits import key_spec
+from .types import HEADER, WaitState
+from .waiting import parking
+from .waiting.envelope import envelope
 
 __all__ = ["submit_batch"]
 
@@ -137,7 +139,7 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
                 settings.prefix,
                 state.parked,
                 due,
-                parking.envelope(app, placed, due, label),
+                envelope(app, placed, due, label),
                 settings.park_replicas,
                 settings.park_replica_timeout,
             )

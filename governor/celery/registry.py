@@ -12,8 +12,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .gate import Gate
-from .settings import Settings
+from .admission.gate import Gate
+from .config.settings import Settings
 
 __all__ = ["Governor", "find", "of", "register", "set_factory"]
 

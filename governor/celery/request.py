@@ -13,15 +13,14 @@ Redis, so the message delivered again is dropped, not run or deferred twice (.re
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
-from celery.exceptions import TaskRevokedError
 from celery.utils.imports import symbol_by_name
-from celery.worker.request import Request
 
-from . import redelivery, registry
+from . import registry
+from .patches import skip_pool, wrap_ack, wrap_request_subclass
+from .waiting import redelivery
 
 __all__ = ["GovernedRequestMixin", "governed_request_class"]
 
@@ -57,7 +56,7 @@ class GovernedRequestMixin:
         message = getattr(self, "_message", None)
         if message is not None and not getattr(self, "acknowledged", False):
             # Celery acknowledges a moment later, on its event loop: see if that fails then
-            message.ack = _marking(message.ack, self._governor_unacked)
+            wrap_ack(message, self._governor_unacked)
         super().acknowledge()  # type: ignore[misc]
 
     def _governor_unacked(self) -> None:
@@ -93,7 +92,7 @@ class GovernedRequestMixin:
 
     def _governor_process_died(self) -> None:
         """The pool process running this task died: release its concurrency slots now, not
-        after their lease (it cannot; see governor.celery.holding)."""
+        after their lease (it cannot; see governor.celery.admission.holding)."""
         governor = registry.find(self.task.app)
         if governor is not None and self.worker_pid is not None:
             try:
@@ -125,58 +124,12 @@ class GovernedRequestMixin:
 
     def execute_using_pool(self, pool: Any, **kwargs: Any) -> Any:
         if self._governor_defer_early():
-            _skip_pool(self)
+            skip_pool(self)
         return super().execute_using_pool(pool, **kwargs)  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Celery builds a subclass per task (create_request_cls) that redefines
-        # execute_using_pool and on_success without calling ours: wrap them, so a known denial
-        # is deferred before it reaches the pool and a held acknowledgement is released after
-        # success.
         super().__init_subclass__(**kwargs)
-        dispatch = cls.__dict__.get("execute_using_pool")
-        if dispatch is not None and not getattr(dispatch, "_governor_wrapped", False):
-
-            def execute_using_pool(self: Any, pool: Any, **kw: Any) -> Any:
-                if self._governor_defer_early():
-                    _skip_pool(self)
-                return dispatch(self, pool, **kw)
-
-            execute_using_pool._governor_wrapped = True  # type: ignore[attr-defined]
-            cls.execute_using_pool = execute_using_pool  # type: ignore[method-assign]
-        own = cls.__dict__.get("on_success")
-        if own is not None and not getattr(own, "_governor_wrapped", False):
-
-            def on_success(self: Any, failed__retval__runtime: Any, **kw: Any) -> None:
-                try:
-                    own(self, failed__retval__runtime, **kw)
-                finally:
-                    self._governor_release()
-
-            on_success._governor_wrapped = True  # type: ignore[attr-defined]
-            cls.on_success = on_success  # type: ignore[method-assign]
-
-
-def _marking(ack: Callable[..., None], unacked: Callable[[], None]) -> Callable[..., None]:
-    def marking_ack(*args: Any, **kwargs: Any) -> None:
-        try:
-            ack(*args, **kwargs)
-        except Exception:
-            unacked()
-            raise
-
-    return marking_ack
-
-
-def _skip_pool(request: Any) -> None:
-    """Leave the worker's dispatch for a request that was deferred without the pool.
-
-    With the prefork pool the worker takes a pool semaphore slot before dispatching and only
-    the job's completion gives it back; a request that never reaches the pool would keep it
-    forever. TaskRevokedError is how Celery itself leaves that path: WorkController
-    ``_process_task`` catches it and releases the slot (Celery issue 877).
-    """
-    raise TaskRevokedError(request.id)
+        wrap_request_subclass(cls)  # Celery's per-task subclass skips our methods otherwise
 
 
 _classes: dict[type, type] = {}
@@ -193,6 +146,3 @@ def governed_request_class(base: Any) -> type:
             f"Governed{base_cls.__name__}", (GovernedRequestMixin, base_cls), {}
         )
     return _classes[base_cls]
-
-
-GovernedRequest = governed_request_class(Request)

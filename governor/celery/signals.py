@@ -78,7 +78,7 @@ asked: a longer pause or block was already in place."""
 
 limit_adapted = Signal(name="governor.limit_adapted", providing_args={"request", "limit", "factor"})
 """An adaptive limit's rate was lowered after a Backoff: it now allows ``factor`` (0 to 1) of
-its rules, climbing back with time (see :mod:`governor.celery.adaptive`)."""
+its rules, climbing back with time (see :mod:`governor.celery.config.factors`)."""
 
 live_limits_changed = Signal(
     name="governor.live_limits_changed", providing_args={"labels", "limits"}

@@ -4,31 +4,21 @@
 ...           governor_key=lambda customer_id, **_: customer_id)
 ... def call_partner(customer_id, payload): ...
 
-Task attributes (all optional):
-
-``governor_limit``      rules; with ``governor_key`` they apply per key, without it per task
-``governor_key``        callable -> subject (str or int) for per-key limits; it gets the task's
-                        arguments by name: ``lambda customer_id, **_: customer_id``
-``governor_name``       limiter name for per-key limits (default: the task name); tasks that
-                        share a name share the per-key limit
-``governor_algorithm``  algorithm for these rules (default: ``governor_algorithm``)
-``governor_concurrency`` at most this many calls run at once (per key with ``governor_key``):
-                        a slot is held from the start of the body to its end
-``governor_cost``       units a call costs: int, or a callable like ``governor_key`` (1); caps
-                        count calls, not cost
-``governor_max_wait``   give up with GovernorTimeout after waiting this long in total (seconds)
+Task attributes (all optional) are listed in :class:`GovernedTask`'s docstring, made from
+:data:`.config.defaults.TASK_OPTIONS` (where each is declared, once).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 from celery import Task
 
 from . import registry
-from .backoff import Backoff
+from .config.defaults import TASK_OPTIONS
+from .feedback.backoff import Backoff
+from .patches import wrap_run
 
 __all__ = ["GovernedMixin", "GovernedTask", "watch_backoff"]
 
@@ -57,26 +47,27 @@ class GovernedTask(GovernedMixin, Task):  # type: ignore[misc]
     governor_concurrency: int | None = None
     governor_cost: int | Callable[..., int] = 1
     governor_max_wait: float | None = None
+    governor_fair_by: Any = None
+    governor_weights: Any = None
+
+
+def _options_doc() -> str:
+    lines = [f"``{o.name}``\n    {o.doc.replace('`', '``')}" for o in TASK_OPTIONS]
+    return "Base class for tasks with their own limits. Attributes (all optional):\n\n" + "\n".join(
+        lines
+    )
+
+
+GovernedTask.__doc__ = _options_doc()
 
 
 def watch_backoff(task: Any) -> None:
     """Have ``task``'s body hand a :class:`Backoff` it raises to the gate (which pauses the
-    limit and re-publishes the task; see :mod:`governor.celery.pausing`). Wraps the instance's
-    ``run``, which the worker's tracer calls; a direct or eager call raises it unchanged."""
-    run = task.run
-    if getattr(run, "_governor_backoff", False):
-        return
+    limit and re-publishes the task; see :mod:`.feedback.pausing`); a direct or eager call
+    raises it unchanged (:func:`.patches.wrap_run`)."""
 
-    @functools.wraps(run)  # the signature stays: governor_key maps arguments to names with it
-    def governed_run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return run(*args, **kwargs)
-        except Backoff as exc:
-            request = task.request
-            if getattr(request, "is_eager", False) or getattr(request, "called_directly", True):
-                raise
-            deferred = registry.of(task.app).gate.back_off(task, args, kwargs, exc)
-        raise deferred  # outside the except block: the traceback Celery records stays short
+    def back_off(args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> Any:
+        assert isinstance(exc, Backoff)
+        return registry.of(task.app).gate.back_off(task, args, kwargs, exc)
 
-    governed_run._governor_backoff = True  # type: ignore[attr-defined]
-    task.run = governed_run
+    wrap_run(task, Backoff, back_off)

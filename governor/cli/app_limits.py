@@ -13,7 +13,7 @@ from .common import CliError, State
 from .entries import Config, LimitEntry
 
 if TYPE_CHECKING:
-    from ..celery.settings import Settings
+    from ..celery.config.settings import Settings
 
 __all__ = ["app_limits", "configured_limits"]
 
@@ -58,7 +58,7 @@ def _live_entry(entry: LimitEntry, live: Config) -> LimitEntry:
 
 def _adapted(state: State, entries: list[LimitEntry]) -> list[LimitEntry]:
     """Adaptive limits as workers see them now: their rules scaled by their factor."""
-    from ..celery.adaptive import read_factors, scale_rules
+    from ..celery.config.factors import read_factors, scale_rules
 
     rise = settings_of(state.app).adaptive_rise
     factors = read_factors(state.client, state.prefix)
@@ -74,8 +74,8 @@ def _adapted(state: State, entries: list[LimitEntry]) -> list[LimitEntry]:
 
 
 def _live_configs(state: State) -> dict[str, Config]:
-    from ..celery.live import LiveLimits
-    from ..celery.settings import limit_config
+    from ..celery.config.limit_config import limit_config
+    from ..celery.config.live import LiveLimits
 
     settings = settings_of(state.app)
     out = {}
@@ -105,7 +105,7 @@ def _config(config: Any) -> Config:
 
 def configured_limits(app: Any, settings: Settings) -> list[LimitEntry]:
     """Every limit the app configures: queues, then whole-task limits, then per-key limits."""
-    from ..celery.limits import key_config, task_limit_config
+    from ..celery.config.task_limits import key_config, task_limit_config
 
     out = [LimitEntry("queue", "queue", _config(c), q) for q, c in settings.queues.items()]
     tasks = _tasks(app)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .common import CliError
 
 if TYPE_CHECKING:
-    from ..celery.settings import Settings
+    from ..celery.config.settings import Settings
 
 __all__ = ["load_app", "settings_of"]
 
@@ -48,7 +48,7 @@ def load_app(spec: str) -> Any:
 def settings_of(app: Any) -> Settings:
     """The app's governor settings (``Governor.find(app).settings`` when installed)."""
     from ..celery.app import Governor
-    from ..celery.settings import load_settings
+    from ..celery.config.settings import load_settings
 
     governor = Governor.find(app)
     return governor.settings if governor is not None else load_settings(app.conf)

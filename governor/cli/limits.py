@@ -1,6 +1,7 @@
 """Which limits exist, and what Redis holds for them: the data behind status, inspect and top.
 
-With a Celery app, the limits are the app's configuration (see :mod:`governor.celery.limits`)::
+With a Celery app, the limits are the app's configuration (see
+:mod:`governor.celery.config.task_limits`)::
 
     queue quota      limiter "queue", subject = the queue      governor inspect queue emails
     whole-task       limiter "task",  subject = the task name  governor inspect task proj.sync
@@ -203,7 +204,7 @@ def subject_state(state: State, entry: LimitEntry, subject: str) -> SubjectState
 
 
 def fair_waiting(state: State, lim: Limiter, subject: str) -> dict[str, int]:
-    from ..celery.fairness import FairQueue
+    from ..celery.fair.queue import FairQueue
 
     return FairQueue(lim, subject).waiting(state.client)
 
@@ -245,7 +246,7 @@ def all_limits(state: State, max_subjects: int | None = None) -> tuple[list[Limi
 
 def parking_available() -> bool:
     try:
-        importlib.import_module("governor.celery.parking")
+        importlib.import_module("governor.celery.waiting.parking")
     except ImportError:
         return False
     return True
@@ -254,7 +255,7 @@ def parking_available() -> bool:
 def parked_count(state: State, entry: LimitEntry) -> int:
     """Tasks parked in Redis because ``entry`` made them wait (0 without celery installed)."""
     try:
-        parking = importlib.import_module("governor.celery.parking")
+        parking = importlib.import_module("governor.celery.waiting.parking")
     except ImportError:
         return 0
     shards = settings_of(state.app).parking_shards if state.app is not None else 1

@@ -10,7 +10,7 @@
 LABEL is a limit as ``status`` names it: ``queue:NAME``, ``task:NAME`` or a per-key limit's
 name; with ``-A`` a bare queue or task name is enough and an unknown label exits 2. Rules are
 checked before anything is written. Workers pick a change up within about a second (see
-:mod:`governor.celery.live`).
+:mod:`governor.celery.config.live`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print JSON for scr
 
 def _live(state: State) -> Any:
     try:
-        from ..celery.live import LiveLimits
+        from ..celery.config.live import LiveLimits
     except ImportError:
         raise CliError(
             "live limits need Celery: install governor's celery extra (pip install -e '.[celery]')"

@@ -124,15 +124,15 @@ def submit(state: State, task_name: str, calls: IO[str], start_in: float, as_jso
 def check_call(app: Any, task: Any, call: Call) -> None:
     """Fail on a call the task cannot take (its signature, its key or cost function), naming
     the line: before anything is sent."""
-    from ..celery.app import Governor
-    from ..celery.limits import key_spec
+    from ..celery import registry
+    from ..celery.config.task_limits import key_spec
 
     number, args, kwargs = call
     try:
         header = getattr(task, "__header__", None)  # what apply_async checks (Task.typing)
         if getattr(task, "typing", True) and header is not None:
             header(*args, **kwargs)
-        gate = Governor.of(app).gate
+        gate = registry.of(app).gate
         config = gate.options(task).key_config
         if config is not None:
             key_spec(task, config, tuple(args), kwargs)

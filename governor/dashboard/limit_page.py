@@ -85,9 +85,7 @@ def limit_payload(
     shown = [subject_state(state, ls.entry, n) for n in matching[(page - 1) * per : page * per]]
     out = limit_json(LimitState(ls.entry, [], ls.total, ls.parked, ls.capped))
     out["rules_text"] = ls.entry.config.text if ls.entry.config else None
-    out["subjects"] = [
-        subject_payload(ls.entry.label, s, history, OVERVIEW_POINTS) for s in shown
-    ]
+    out["subjects"] = [subject_payload(ls.entry.label, s, history, OVERVIEW_POINTS) for s in shown]
     out.update(
         subject_count=len(everyone),
         subject_count_capped=cut,

@@ -161,7 +161,7 @@ def read_limits(state: State, examine: int) -> tuple[list[LimitState], str, int]
 def read_parked(state: State, by_label: bool) -> tuple[Parked | None, int]:
     """Parked tasks (None without celery installed), and the Redis calls made."""
     try:
-        from ..celery import parking
+        from ..celery.waiting import parking
     except ImportError:
         return None, 0
     due_key, _, lease_key = parking.keys(state.prefix)

@@ -1,0 +1,129 @@
+"""What governs one call of a task: its limits (queue, task, key), its cost, its wait state.
+
+:class:`Calls` works that out for the gate and for early deferral, caching what does not
+depend on the arguments (a task's options, the limits of each task and route). A
+:class:`Call` is the result: everything the admission steps need about one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..config.live import LiveView
+from ..config.settings import Settings
+from ..config.task_limits import (
+    call_with_arguments,
+    consumed_queue,
+    key_config,
+    key_spec,
+    option,
+    task_limit_config,
+)
+from ..fair.tenants import tenant_of
+from ..types import Call, LimitSpec, TaskOptions, WaitState
+
+__all__ = ["Calls"]
+
+ROUTES = 10_000
+"""Routes (task, routing key, exchange, queue) whose limits a process remembers; routing keys
+are open-ended (topic exchanges), so past that it starts afresh."""
+
+
+class Calls:
+    """Works out what governs each call; one per gate (per process)."""
+
+    def __init__(self, app: Any, settings: Settings, live: LiveView | None = None) -> None:
+        self.app = app
+        self.settings = settings
+        self.live = live
+        """Live limits (:mod:`..config.live`) replace the configured ones they name."""
+        self._options: dict[str, TaskOptions] = {}
+        self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
+
+    def options(self, task: Any) -> TaskOptions:
+        """A task's governor options, read once per task (they are fixed after start-up)."""
+        opts = self._options.get(task.name)
+        if opts is None:
+            wait = getattr(task, "governor_max_wait", None) or self.settings.max_wait
+            task_config = task_limit_config(task, self.settings)
+            opts = TaskOptions(
+                task_spec=None
+                if task_config is None
+                else LimitSpec("task", "task", task_config, task.name),
+                key_config=key_config(task, self.settings),
+                cost=option(task, "governor_cost", 1),
+                max_wait=None if wait is None else float(wait),
+            )
+            self._options[task.name] = opts
+        return opts
+
+    def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
+        """The enforced limits that do not depend on the arguments: the queue's, then the
+        task's (shadow limits left out)."""
+        specs = self._configured(task, delivery_info)
+        specs = self.live.apply(specs) if self.live is not None else specs
+        return [s for s in specs if not s.config.shadow]
+
+    def _configured(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
+        """:meth:`fixed_specs` as configured (worked out once per task and route: every message
+        asks, in both processes)."""
+        info = delivery_info or {}
+        route = (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
+        specs = self._fixed.get(route)
+        if specs is None:
+            out = []
+            queue = consumed_queue(self.app, delivery_info)
+            if queue is not None and queue in self.settings.queues:
+                out.append(LimitSpec("queue", "queue", self.settings.queues[queue], queue))
+            opts = self.options(task)
+            if opts.task_spec is not None:
+                out.append(opts.task_spec)
+            specs = tuple(out)
+            if len(self._fixed) > ROUTES:
+                self._fixed.clear()
+            self._fixed[route] = specs
+        return list(specs)
+
+    def specs(
+        self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> list[LimitSpec]:
+        """Every limit that governs this call, queue first."""
+        out = self._configured(task, getattr(request, "delivery_info", None))
+        config = self.options(task).key_config
+        if config is not None:
+            out.append(key_spec(task, config, args, kwargs))
+        return self.live.apply(out) if self.live is not None else out
+
+    def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
+        """Whether a message may be governed (checked in the worker's main process)."""
+        return bool(self._configured(task, delivery_info)) or (
+            self.options(task).key_config is not None
+        )
+
+    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+        cost = self.options(task).cost
+        return int(call_with_arguments(task, cost, args, kwargs)) if callable(cost) else cost
+
+    def call(
+        self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Call:
+        """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
+        every = self.specs(task, request, args, kwargs)
+        if any(s.config.fair_by is not None for s in every):
+            every = [
+                s
+                if s.config.fair_by is None
+                else replace(s, tenant=tenant_of(task, request, s, args, kwargs))
+                for s in every
+            ]
+        specs = [s for s in every if not s.config.shadow]
+        shadows = [s for s in every if s.config.shadow]
+        cost = self.cost(task, args, kwargs) if every else 0
+        state = WaitState.from_request(request)
+        return Call(task, request, args, kwargs, specs, cost, state, shadows)
+
+    def max_wait(self, task: Any) -> float | None:
+        wait: float | None = self.options(task).max_wait
+        return wait

@@ -1,0 +1,138 @@
+"""Early deferral: in the worker's main process, a message known to be denied is deferred
+before it reaches the pool.
+
+When a limit is known to deny (a peek, cached for ``HINT_TTL``), the message is booked and
+re-published right there and acknowledged. That saves the pool a round trip per denial, so a
+backlog's first wave of deferrals drains fast enough for its earliest bookings. Admission
+itself never happens here (it belongs right before the body, in the pool); anything unusual
+(bookings to claim, Redis trouble, a wait too long) goes to the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from celery.exceptions import Reject
+from celery.worker.state import task_ready
+
+from ...caps import new_token
+from ...errors import StorageUnavailable
+from ..decisions.decider import Decider, too_long
+from ..types import HEADER, LimitConfig, LimitSpec, Who
+from ..waiting.cap_line import CapLine
+from ..waiting.republish import Republisher
+from .calls import Calls
+
+__all__ = ["EARLY_PAUSE", "HINT_TTL", "EarlyDeferral"]
+
+logger = logging.getLogger("governor.celery")
+HINT_TTL = 0.05
+"""How long the worker's main process trusts a peek that found room (seconds)."""
+EARLY_PAUSE = 5.0
+"""After Redis failed in the worker's main process, it leaves every decision to the pool for
+this long (seconds), so an outage does not stall the consumer on socket timeouts."""
+
+
+class EarlyDeferral:
+    """The main process's side of a gate: cached hints and the deferral itself."""
+
+    def __init__(
+        self, calls: Calls, decider: Decider, republisher: Republisher, cap_line: CapLine
+    ) -> None:
+        self.calls = calls
+        self.decider = decider
+        self.republisher = republisher
+        self.cap_line = cap_line
+        self.hints: dict[tuple[str, str, LimitConfig], tuple[float, float]] = {}
+        """(limit name, subject, config) -> (when peeked, until when it denies), monotonic."""
+        self.paused_until = 0.0
+
+    def defer(self, req: Any) -> bool:
+        """Defer ``req`` (a worker request, before it goes to the pool) if a limit is known
+        to deny it. True if it was deferred; never raises."""
+        if time.monotonic() < self.paused_until:
+            return False
+        try:
+            return self._defer(req)
+        except Exception as exc:  # never break the consumer: the pool path decides instead
+            if isinstance(exc, (StorageUnavailable, redis.RedisError)):
+                self.paused_until = time.monotonic() + EARLY_PAUSE
+            logger.debug("governor: early deferral skipped for %s: %r", req.id, exc)
+            return False
+
+    def _defer(self, req: Any) -> bool:
+        if req.delivery_info.get("redelivered"):
+            return False  # the pool drops it if it was settled before (see .redelivery)
+        calls, task = self.calls, req.task
+        carried = req._request_dict.get(HEADER)
+        if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
+            return False  # bookings are claimed, and copies dropped, in the pool
+        holder = f"{req.id}:{req._request_dict.get('retries') or 0}"
+        opts = calls.options(task)
+        if opts.key_config is None and not callable(opts.cost):
+            # the usual case: decide from the cached hint before decoding anything
+            specs = calls.fixed_specs(task, req.delivery_info)
+            if any(s.config.fair_by is not None for s in specs):
+                return False  # fair limits queue their calls in the pool (see ..fair.sharing)
+            if not specs or not self.known_denied(specs, opts.cost, holder):
+                return False
+        call = calls.call(task, req._context, tuple(req.args), dict(req.kwargs))
+        if any(s.config.fair_by is not None for s in call.specs):
+            return False
+        if not call.specs or not self.known_denied(call.specs, call.cost, holder):
+            return False
+        if req.revoked():  # revoked or expired: Celery's own dispatch discards it
+            return False
+        capped = any(s.config.concurrency is not None for s in call.specs)
+        who = Who(holder, new_token(), f"{req.hostname} main") if capped else None
+        outcome = self.decider.decide(call.specs, call.cost, call.state, who=who)
+        if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
+            self.decider.refund(outcome.held, call.cost)
+            for spec in call.specs:
+                self.hints[(spec.name, spec.subject, spec.config)] = (time.monotonic(), 0.0)
+            return False
+        decision = outcome.decision
+        if (decision is not None and decision.retry_after == math.inf) or too_long(
+            calls.max_wait(task), call.state, outcome
+        ):
+            self.decider.refund(outcome.held, call.cost)
+            return False
+        label = outcome.spec.label if outcome.spec else "governor"
+        try:
+            if decision is not None and decision.capped is not None:
+                # in a full cap's line (anything else about caps is left to the pool)
+                if decision.capped != "full" or self.cap_line.wait(call, outcome, label) is None:
+                    return False
+            else:
+                self.republisher.republish(call, outcome, label)
+        except Reject:
+            return False
+        task_ready(req)
+        req.acknowledge()
+        return True
+
+    def known_denied(self, specs: list[LimitSpec], cost: int, holder: str) -> bool:
+        """Whether a limit of ``specs`` denies now, by a peek at most ``HINT_TTL`` old (a
+        denial is trusted until its retry_after; a full cap's, only for ``HINT_TTL``)."""
+        now = time.monotonic()
+        for spec in specs:
+            key = (spec.name, spec.subject, spec.config)
+            hint = self.hints.get(key)
+            if hint is None or (hint[1] <= now and now - hint[0] > HINT_TTL):
+                lim = self.decider.store.limiter(spec.name, spec.config)
+                d = lim.peek(spec.subject, cost, holder=holder)
+                if d.allowed:
+                    hint = (now, 0.0)
+                else:
+                    hint = (now, now + (d.retry_after if d.capped is None else HINT_TTL))
+                if len(self.hints) > 10_000:
+                    self.hints.clear()
+                self.hints[key] = hint
+            if hint[1] > now:
+                return True
+        return False

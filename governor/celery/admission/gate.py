@@ -1,0 +1,293 @@
+"""The admission gate: runs in the pool process right before a governed task's body.
+
+A call is governed by up to three limits (queue, task, key). The gate admits it only when all
+of them do, atomically per limit and with what was taken given back when another denies. When
+the algorithms can book (sliding_log, gcra), a denied call books the earliest moment every limit
+admits it and is re-published to run then; it proves its booking on arrival (``claim``), so it is
+not denied again. Otherwise it is re-published after the exact ``retry_after``.
+
+:meth:`Gate.admit` is a short sequence of steps, each in a module of its own:
+
+1. what governs the call: its limits, cost and wait state (:mod:`.calls`);
+2. a copy the broker delivered again after its acknowledgement was lost is dropped
+   (:mod:`..waiting.redelivery`); a released copy of a parked task claims its release, a second
+   copy is dropped (:mod:`..waiting.parking`); a call sent on from a fair queue claims its entry
+   (:mod:`..fair.sharing`);
+3. one answer under every limit: bookings, admission leases, or Redis
+   (:mod:`..decisions.decider`), with ``governor_fail_mode`` when Redis is away; shadow limits
+   are asked after an admission, and never defer (:mod:`.shadow`);
+4. admitted: the task runs, holding the concurrency slots it took until its body ends
+   (:mod:`.holding`); denied: it is re-published to wait (:mod:`..waiting.republish`), or waits
+   in a full cap's line (:mod:`..waiting.cap_line`).
+
+Under a fair limit (``fair_by``) a denied call waits in the limit's fair queue instead of booking
+(:mod:`..fair.sharing`), and comes back through a dispatcher (:mod:`..fair.dispatcher`).
+
+A body that raises :class:`~governor.celery.Backoff` comes back through :meth:`Gate.back_off`:
+its limit is paused for every worker and it waits behind the pause (:mod:`..feedback.pausing`).
+
+The whole path of one task, step by step: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from ...caps import new_token
+from ...errors import GovernorError, GovernorTimeout, StorageUnavailable
+from .. import signals
+from ..config.live import LiveView
+from ..config.settings import Settings
+from ..config.store import Store
+from ..decisions.decider import Decider, too_long, waited
+from ..decisions.leases import AdmissionLeases
+from ..fair.sharing import FairSharing, fair_spec
+from ..feedback.backoff import Backoff
+from ..feedback.pausing import Pausing
+from ..types import (
+    HEADER,
+    Call,
+    Deferred,
+    Duplicate,
+    Outcome,
+    TaskOptions,
+    WaitState,
+    Who,
+)
+from ..waiting import parking, redelivery
+from ..waiting.cap_line import CapLine, holder_of
+from ..waiting.handover import Handover
+from ..waiting.republish import Republisher
+from .calls import Calls
+from .early import EarlyDeferral
+from .holding import Holding, holder_info
+from .shadow import Shadow
+
+__all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
+
+logger = logging.getLogger("governor.celery")
+
+
+class Gate:
+    """governor's per-process state and the admission of each governed call."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.store = Store(settings)
+        self.live = LiveView(lambda: self.store.client, settings)
+        self.calls = Calls(app, settings, self.live)
+        self.handover = Handover(app)
+        self.decider = Decider(settings, self.store, self.handover.publish)
+        self.republisher = Republisher(app, settings, self.store, self.handover)
+        self.cap_line = CapLine(settings, self.store, self.republisher)
+        self.holding = Holding(self.calls, self.store, self.handover)
+        self.early = EarlyDeferral(self.calls, self.decider, self.republisher, self.cap_line)
+        self.pausing = Pausing(settings, self.store, self.decider, self.republisher, self.live)
+        self.shadow = Shadow(self.store)
+        self.fair = FairSharing(settings, self.store, self.republisher)
+
+    # -- what others use ---------------------------------------------------------------------
+
+    @property
+    def client(self) -> redis.Redis:
+        return self.store.client
+
+    @property
+    def leases(self) -> AdmissionLeases:
+        return self.decider.leases
+
+    def options(self, task: Any) -> TaskOptions:
+        return self.calls.options(task)
+
+    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+        return self.calls.cost(task, args, kwargs)
+
+    def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
+        """Whether a message may be governed (checked in the worker's main process)."""
+        return self.calls.governs(task, delivery_info)
+
+    def defer_early(self, req: Any) -> bool:
+        """In the worker's main process: defer a message known to be denied before it reaches
+        the pool (see :mod:`governor.celery.admission.early`). True if it was deferred."""
+        return self.early.defer(req)
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def admit(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Deferred | None:
+        """Decide for the running task (in the pool process, just before its body).
+
+        Returns None when it may run; otherwise re-publishes it and returns the
+        :class:`Deferred` for the caller to raise (raised there, the traceback Celery walks for
+        it is short). Raises GovernorTimeout or GovernorError when the task must fail.
+        """
+        request = task.request
+        if getattr(request, "is_eager", False) or getattr(request, "called_directly", False):
+            return None
+        call = self.calls.call(task, request, args, kwargs)
+        if not call.specs and not call.shadows and call.state.parked is None:
+            return None
+        try:
+            if redelivery.settled(self.client, self.settings.prefix, request, call.state.waits):
+                return Duplicate(f"governor: {call.name} ran or waits already")
+            if not self._first_copy(call) or not self.fair.claim(call):
+                return Duplicate(f"governor: a second copy of {call.name}")
+            deferred = self._decide(call) if call.specs else None
+        except StorageUnavailable as exc:
+            return self._unavailable(call, exc)
+        if deferred is None and call.shadows:
+            self.shadow.observe(call)
+        return deferred
+
+    def back_off(
+        self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Backoff
+    ) -> Deferred:
+        """The body raised Backoff: pause its limit for every worker and send the task to run
+        again behind the pause (see :mod:`..feedback.pausing`). Returns the Deferred to raise."""
+        call = self.calls.call(task, task.request, args, kwargs)
+        return self.pausing.pause(call, exc)
+
+    def _decide(self, call: Call) -> Deferred | None:
+        """Admit the call, or send it to wait: for a moment, or in a full cap's line."""
+        queued = self.fair.behind(call)
+        if queued is not None:
+            return queued
+        who = who_for(call)
+        for _attempt in range(3):
+            outcome = self.decider.decide(call.specs, call.cost, call.state, lease=True, who=who)
+            call.state.outages = 0
+            if outcome.allowed:
+                self.holding.take(call, outcome)
+                self._admitted(call, outcome)
+                return None
+            label = outcome.spec.label if outcome.spec else "governor"
+            self._check_wait(call, outcome, label)
+            fair = fair_spec(call)
+            decision = outcome.decision
+            if fair is not None and outcome.spec == fair and decision and decision.rule:
+                if self.fair.sent_early(call, decision.retry_after):
+                    continue  # sent on just ahead of its room: it waited the rest
+                return self.fair.wait(call, outcome, fair)  # a rate: wait in its queue
+            if outcome.decision is None or outcome.decision.capped is None:
+                return self.republisher.republish(call, outcome, label)
+            call.state.slots = None  # a full cap gave the bookings back
+            deferred = self.cap_line.wait(call, outcome, label)
+            if deferred is not None:
+                return deferred
+        # a slot kept freeing and going to others: come back in a moment
+        return self.republisher.republish(call, Outcome(False, delay=0.05), label)
+
+    def _first_copy(self, call: Call) -> bool:
+        """A released copy of a parked task claims its parking id: False for a second copy
+        (dropped), True otherwise (the id is then forgotten: it is used up)."""
+        state, request = call.state, call.request
+        if state.parked is None:
+            return True
+        if not parking.claim_first_delivery(
+            self.client, self.settings.prefix, state.parked, state.release
+        ):
+            logger.info("governor: %s dropped: a second copy of a released task", call.name)
+            return False
+        state.parked = state.release = None
+        request.headers[HEADER] = state.header()
+        return True
+
+    def _unavailable(self, call: Call, exc: StorageUnavailable) -> Deferred | None:
+        """Redis is away: run ungoverned (fail open) or come back after a backoff (closed)."""
+        fail_mode = self.settings.fail_mode
+        signals.storage_unavailable.send(
+            sender=call.task, request=call.request, error=exc, fail_mode=fail_mode
+        )
+        if fail_mode == "open":
+            logger.warning("governor: Redis unavailable, running %s ungoverned: %s", call.name, exc)
+            return None
+        state = call.state
+        state.outages += 1
+        delay = min(300.0, self.settings.outage_retry * 2 ** (state.outages - 1))
+        delay *= random.uniform(1.0, 1.25)
+        if self.settings.park_after is not None:  # parking needs Redis: stay a short ETA
+            delay = min(delay, self.settings.park_after)
+        logger.warning(
+            "governor: Redis unavailable, %s retries in %.1fs: %s", call.name, delay, exc
+        )
+        return self.republisher.republish(call, Outcome(False, delay=delay), "redis")
+
+    def _check_wait(self, call: Call, outcome: Outcome, label: str) -> None:
+        """Fail a call that can never run, or that would wait longer than its max_wait (a
+        wait for a concurrency slot has no known length: only the time waited so far counts)."""
+        decision = outcome.decision
+        if decision is not None and decision.capped is not None:
+            max_wait = self.calls.max_wait(call.task)
+            if max_wait is not None and waited(call.state, outcome) > max_wait:
+                raise GovernorTimeout(
+                    f"task {call.task.name!r} [{call.request.id}] waited "
+                    f"{waited(call.state, outcome):.1f}s in total, more than "
+                    f"governor_max_wait={max_wait}s, and {label} has no free slot"
+                )
+            return
+        if decision is not None and decision.retry_after == math.inf:
+            raise GovernorError(
+                f"task {call.task.name!r} costs {call.cost}, more than rule {decision.rule} of "
+                f"limit {label} allows: it can never run"
+            )
+        max_wait = self.calls.max_wait(call.task)
+        if too_long(max_wait, call.state, outcome):
+            self.decider.refund(outcome.held, call.cost)
+            raise GovernorTimeout(
+                f"task {call.task.name!r} [{call.request.id}] would wait "
+                f"{waited(call.state, outcome) + outcome.delay:.1f}s in total for {label}, "
+                f"more than governor_max_wait={max_wait}s"
+            )
+
+    def _admitted(self, call: Call, outcome: Outcome) -> None:
+        state, request = call.state, call.request
+        lateness = None
+        if state.slots is not None:
+            lateness = max(d.now - d.slot.start for _, _, d in outcome.held if d.slot)
+        # when the rules counted it: a booking's slot start; an admission's slot starts at its
+        # decision's time (limits with only a concurrency cap count no rate)
+        counted = [d.slot.start if d.slot else d.now for _, s, d in outcome.held if s.config.rules]
+        if state.slots is not None or state.since is not None or state.woken is not None:
+            # used up: a retry of this task (self.retry copies the headers) must neither claim
+            # these bookings nor count its governance wait from this one's first deferral
+            request.headers[HEADER] = {
+                **state.header(),
+                "slots": None,
+                "since": None,
+                "woken": None,
+            }
+        labels = [s.label for s in call.specs]
+        spec = fair_spec(call)
+        fair = None
+        if spec is not None and state.since is not None:
+            fair = (spec.label, spec.tenant or "", time.time() - state.since)
+        signals.task_admitted.send(
+            sender=call.task,
+            request=request,
+            limits=labels,
+            waits=state.waits,
+            lateness=lateness,
+            fair=fair,
+            counted_at=min(counted, default=None),
+        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "governor: %s admitted by %s after %d waits",
+                call.name,
+                ", ".join(labels),
+                state.waits,
+            )
+
+
+def who_for(call: Call) -> Who | None:
+    """Who holds the concurrency slots the call's admission takes (None: no cap governs it)."""
+    if not any(s.config.concurrency is not None for s in call.specs):
+        return None
+    return Who(holder_of(call), new_token(), holder_info(call.request))

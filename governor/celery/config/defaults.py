@@ -1,0 +1,420 @@
+"""Every ``governor_*`` setting, every task attribute and every key of a limit, declared once.
+
+In the spirit of Celery's ``celery/app/defaults.py``: one table gives each setting its name,
+default, check and one-line doc. :func:`~.settings.load_settings` reads ``app.conf`` through
+it, the configuration page of the docs is generated from it (``python -m
+governor.celery.config > docs/configuration.md``, checked by a test), and
+:class:`~governor.celery.GovernedTask`'s docstring lists :data:`TASK_OPTIONS`.
+
+A check takes the value as given (never ``None``: an unset setting takes its default) and the
+setting's name for its error, and returns the value to use or raises
+:class:`~governor.errors.ConfigError`. Settings whose value depends on others (the Redis
+group, ``park_after``, the limit tables) have no check of their own: :func:`load_settings`
+reads them together, and their doc says how.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ConfigError
+
+__all__ = ["LIMIT_KEYS", "SETTINGS", "TASK_OPTIONS", "Setting", "markdown"]
+
+Check = Callable[[Any, str], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One ``governor_*`` setting (or task attribute, or limit key)."""
+
+    name: str
+    default: Any
+    doc: str
+    check: Check | None = None
+    """None: read by :func:`~.settings.load_settings` together with others (see ``doc``)."""
+    shown: str | None = None
+    """How the docs show the default, where ``repr`` would not do."""
+
+    @property
+    def field(self) -> str:
+        """The :class:`~.settings.Settings` field it fills (the name without ``governor_``)."""
+        return self.name.removeprefix("governor_")
+
+    @property
+    def default_text(self) -> str:
+        if self.shown is not None:
+            return self.shown
+        return "None" if self.default is None else f"`{self.default!r}`"
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def seconds(minimum: float = 0.0) -> Check:
+    """A number of seconds, at least ``minimum``."""
+
+    def check(value: Any, name: str) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+        if value < minimum:
+            raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
+        return float(value)
+
+    return check
+
+
+def integer(low: int, high: int) -> Check:
+    def check(value: Any, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+        return value
+
+    return check
+
+
+def fraction(value: Any, name: str) -> float:
+    """A number in (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"{name} must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+def choice(*options: str) -> Check:
+    def check(value: Any, name: str) -> str:
+        if value not in options:
+            shown = " or ".join(repr(o) for o in options)
+            raise ConfigError(f"{name} must be {shown}, got {value!r}")
+        return str(value)
+
+    return check
+
+
+def text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def max_wait(value: Any, name: str) -> float:
+    return float(seconds()(value, name))
+
+
+def port(value: Any, name: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ConfigError(f"{name} must be a TCP port or None, got {value!r}")
+    return value
+
+
+def host(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a host address, got {value!r}")
+    return value
+
+
+def flag(value: Any, name: str) -> bool:
+    return bool(value)
+
+
+# -- the settings ---------------------------------------------------------------------------
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "governor_redis_url",
+        None,
+        "Redis for limiter state: `redis://`, `rediss://`, `unix://`, a Sentinel URL "
+        "(`sentinel://h1:26379;sentinel://h2:26379/1`) or a Redis Cluster's nodes "
+        "(`redis://h1:7000,h2:7000`); by default the broker's URL, if the broker is Redis or "
+        "Sentinel",
+        shown="the broker's URL",
+    ),
+    Setting(
+        "governor_redis_transport_options",
+        None,
+        '`{"master_name": ...}` for a Sentinel URL, also `sentinel_kwargs` and '
+        "`min_other_sentinels` (from `broker_transport_options` when governor uses the "
+        "broker's URL)",
+    ),
+    Setting(
+        "governor_redis_cluster",
+        False,
+        "`True`: `governor_redis_url` lists a Redis Cluster's nodes",
+    ),
+    Setting(
+        "governor_redis_client",
+        None,
+        '`"myproj.redis:make_client"`: a factory called with no arguments makes the client '
+        "(TLS certificates, IAM tokens...), instead of a URL",
+    ),
+    Setting("governor_prefix", "governor", "key prefix in Redis", text),
+    Setting("governor_algorithm", "sliding_log", "default algorithm of every limit"),
+    Setting(
+        "governor_queues",
+        {},
+        "`{queue: rules}`: quotas for every task consumed from the queue; a value is rules "
+        '(`"10/s, 800/d"`) or a mapping of the limit keys below (rules, a cap, or both)',
+    ),
+    Setting(
+        "governor_tasks",
+        {},
+        "`{task name: rules}`: limits for every call of a task (wins over its "
+        "`governor_limit` and `governor_concurrency`); values as in `governor_queues`",
+    ),
+    Setting(
+        "governor_concurrency_lease",
+        30.0,
+        "seconds a concurrency slot outlives its holder's last renewal (renewed every third "
+        "of it while the body runs)",
+        seconds(0.05),
+    ),
+    Setting(
+        "governor_fail_mode",
+        "closed",
+        'Redis unreachable or refusing writes: `"closed"` re-publishes the task after a '
+        'backoff and never runs it ungoverned; `"open"` runs it with a warning',
+        choice("closed", "open"),
+    ),
+    Setting(
+        "governor_outage_retry",
+        5.0,
+        "first backoff in seconds when Redis is unreachable, doubling up to 5 minutes",
+        seconds(0.01),
+    ),
+    Setting(
+        "governor_max_wait",
+        None,
+        "give up with `GovernorTimeout` after a task waited this long in total (seconds)",
+        max_wait,
+    ),
+    Setting(
+        "governor_late_tolerance",
+        0.025,
+        "how late a booked task may start on its slot (seconds)",
+        seconds(),
+    ),
+    Setting(
+        "governor_early_sleep",
+        0.5,
+        "a task arriving up to this early for its slot sleeps instead of going back; booked "
+        "tasks are sent to arrive 0.2 s early, at most this (seconds)",
+        seconds(),
+    ),
+    Setting(
+        "governor_socket_timeout",
+        2.0,
+        "Redis socket timeout for decisions (seconds)",
+        seconds(0.01),
+    ),
+    Setting(
+        "governor_lease_span",
+        0.2,
+        "under limits with plenty of room, a pool process takes a few admissions at once "
+        "(an admission lease) and starts them within this long; `0`: one Redis call per task",
+        seconds(),
+    ),
+    Setting(
+        "governor_park_after",
+        None,
+        "waits longer than this (seconds) are parked in Redis rather than given to the broker "
+        "as ETAs; `False`: never park; when set, longer than `governor_release_interval`",
+        shown="half the broker's visibility timeout, at most 300",
+    ),
+    Setting(
+        "governor_release_interval",
+        1.0,
+        "how often each worker's releaser looks for parked tasks that are nearly due (seconds)",
+        seconds(0.01),
+    ),
+    Setting(
+        "governor_release_lease",
+        5.0,
+        "seconds a releaser's pickup of due tasks lasts: a pickup whose reply was lost (Redis "
+        "hanging) holds its tasks this long before another releaser takes them",
+        seconds(0.1),
+    ),
+    Setting(
+        "governor_parking_shards",
+        1,
+        "parked tasks spread over this many hash slots (more on a Redis Cluster; raise only)",
+        integer(1, 1024),
+    ),
+    Setting(
+        "governor_park_replicas",
+        0,
+        "a parked task's original message is acknowledged once this many replicas hold it (`WAIT`)",
+        integer(0, 16),
+    ),
+    Setting(
+        "governor_park_replica_timeout",
+        1.0,
+        "how long that `WAIT` may take, below `governor_socket_timeout` (seconds)",
+        seconds(0.01),
+    ),
+    Setting(
+        "governor_backoff_base",
+        1.0,
+        "a `Backoff` that names no time pauses its limit this long, doubling with each one in "
+        "a row (seconds)",
+        seconds(0.01),
+    ),
+    Setting(
+        "governor_backoff_max",
+        300.0,
+        "the longest such pause, at least `governor_backoff_base` (seconds)",
+        seconds(0.01),
+    ),
+    Setting(
+        "governor_max_pause",
+        3600.0,
+        "the longest pause an upstream's headers may ask for; longer ones are cut to it with a "
+        "warning (seconds)",
+        seconds(1.0),
+    ),
+    Setting(
+        "governor_adaptive_decrease",
+        0.7,
+        "an adaptive limit's rate is multiplied by this at each `Backoff`",
+        fraction,
+    ),
+    Setting(
+        "governor_adaptive_rise",
+        0.02,
+        "and climbs back by this fraction of its rules each second",
+        fraction,
+    ),
+    Setting(
+        "governor_adaptive_floor",
+        0.05,
+        "and never goes below this fraction of its rules",
+        fraction,
+    ),
+    Setting(
+        "governor_metrics_port",
+        None,
+        "serve Prometheus metrics on this port from every worker (None: off)",
+        port,
+    ),
+    Setting("governor_metrics_addr", "0.0.0.0", "address the metrics server binds", host),
+    Setting(
+        "governor_metrics_tenants",
+        False,
+        "also a wait histogram per tenant of fair limits (one series per tenant)",
+        flag,
+    ),
+)
+"""Every ``governor_*`` setting of ``app.conf``, in the order the docs list them."""
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+TASK_OPTIONS: tuple[Setting, ...] = (
+    Setting(
+        "governor_limit",
+        None,
+        "rules; with `governor_key` they apply per key, without it per task",
+    ),
+    Setting(
+        "governor_key",
+        None,
+        "callable -> subject (str or int) for per-key limits; it gets the task's arguments by "
+        "name: `lambda customer_id, **_: customer_id`",
+    ),
+    Setting(
+        "governor_name",
+        None,
+        "the per-key limit's name (default: the task name); tasks that share it share the limit",
+    ),
+    Setting("governor_algorithm", None, "algorithm of these rules (default: `governor_algorithm`)"),
+    Setting(
+        "governor_concurrency",
+        None,
+        "at most this many calls run at once (per key with `governor_key`): a slot is held from "
+        "the start of the body to its end",
+    ),
+    Setting(
+        "governor_cost",
+        1,
+        "units a call costs: an int, or a callable like `governor_key`; caps count calls",
+    ),
+    Setting(
+        "governor_max_wait",
+        None,
+        "give up with `GovernorTimeout` after waiting this long in total (seconds)",
+    ),
+    Setting(
+        "governor_fair_by",
+        None,
+        "share the task's own limit fairly between tenants: an argument's name or a callable",
+    ),
+    Setting(
+        "governor_weights",
+        None,
+        "tenants' weights under `governor_fair_by`: `{tenant: weight}` or a callable",
+    ),
+)
+"""Every ``governor_*`` attribute of a task (``Governor.task()`` takes the same)."""
+
+LIMIT_KEYS: tuple[Setting, ...] = (
+    Setting("rules", None, 'the rules: `"10/s, 800/d"` or a list of them'),
+    Setting("algorithm", None, "the algorithm of these rules (default: `governor_algorithm`)"),
+    Setting("concurrency", None, "at most this many calls at once (with or without rules)"),
+    Setting("shadow", False, "count and log what the rules would deny, but deny nothing"),
+    Setting(
+        "adaptive",
+        False,
+        "lower the rate at each `Backoff`, climb back while the upstream accepts (AIMD)",
+    ),
+    Setting("fair_by", None, "share the limit between tenants: an argument's name or a callable"),
+    Setting("weights", None, "tenants' weights: `{tenant: weight}` (0.001 to 1000) or a callable"),
+)
+"""The keys of a limit given as a mapping (``{"rules": "10/s", "concurrency": 5}``)."""
+
+
+def markdown() -> str:
+    """The configuration page of the docs (``docs/configuration.md``)."""
+
+    def table(rows: tuple[Setting, ...], head: str) -> list[str]:
+        lines = [f"| {head} | default | meaning |", "|---|---|---|"]
+        for s in rows:
+            lines.append(f"| `{s.name}` | {s.default_text} | {s.doc} |")
+        return lines
+
+    out = [
+        "# Configuration",
+        "",
+        "<!-- generated by `python -m governor.celery.config > docs/configuration.md`: edit",
+        "     governor/celery/config/defaults.py, not this page -->",
+        "",
+        "## Settings",
+        "",
+        "Settings live in `app.conf` with a `governor_` prefix (in Django, `CELERY_GOVERNOR_...`",
+        'through Celery\'s `namespace="CELERY"`) and are checked when the app finalizes: a bad',
+        "value fails at start-up, naming the setting. An unset setting (or `None`) takes its",
+        "default.",
+        "",
+        *table(SETTINGS, "setting"),
+        "",
+        "## Task options",
+        "",
+        "Attributes of a task, as Celery's own",
+        "(`@app.task(base=GovernedTask, governor_limit=...)`);",
+        "`Governor.task(rules, key=..., concurrency=...)` takes the same.",
+        "",
+        *table(TASK_OPTIONS, "attribute"),
+        "",
+        "## A limit's keys",
+        "",
+        'A limit in `governor_queues` or `governor_tasks` is rules (`"10/s, 800/d"`) or a mapping:',
+        "",
+        *table(LIMIT_KEYS, "key"),
+        "",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,119 @@
+"""One answer for a call under its limits: start on its bookings, take from a lease, or ask.
+
+A call that carries bookings claims them (:func:`~.decide.claim_all`); in a pool process, a
+call without bookings may be admitted from a lease (:mod:`.leases`); otherwise every limit is
+asked at once (:func:`~.decide.reserve_all`, or :func:`~.decide.acquire_all` for algorithms
+that cannot book).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ...limiter import Limiter
+from ..config.settings import Settings
+from ..config.store import Store
+from ..types import Handed, Held, LimitSpec, Outcome, WaitState, Who
+from .leases import AdmissionLeases
+from .rounds import acquire_all, claim_all, refund, reserve_all
+
+__all__ = ["Decider", "too_long", "waited"]
+
+
+Publish = Callable[[Handed], object]
+
+
+class Decider:
+    """Decisions of one process (the gate's, and early deferral's). ``publish`` sends the
+    messages of waiting tasks that a decision or a refund handed a concurrency slot to."""
+
+    def __init__(self, settings: Settings, store: Store, publish: Publish | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.leases = AdmissionLeases(settings.lease_span)
+        self.publish: Publish = publish or (lambda handed: None)
+
+    def limiters(self, specs: list[LimitSpec]) -> list[tuple[Limiter, LimitSpec]]:
+        return [(self.store.limiter(s.name, s.config), s) for s in specs]
+
+    def decide(
+        self,
+        specs: list[LimitSpec],
+        cost: int,
+        state: WaitState,
+        *,
+        lease: bool = False,
+        who: Who | None = None,
+    ) -> Outcome:
+        """One answer for a call under ``specs``; ``lease``: the task starts right after an
+        admission (the pool), so it may come from a lease (see :mod:`.leases`); ``who``: the
+        holder of the concurrency slots an admission takes."""
+        handed: Handed = []
+        try:
+            return self._decide(self.limiters(specs), cost, state, lease, who, handed)
+        finally:
+            if handed:
+                self.publish(handed)
+
+    def _decide(
+        self,
+        limiters: list[tuple[Limiter, LimitSpec]],
+        cost: int,
+        state: WaitState,
+        lease: bool,
+        who: Who | None,
+        handed: Handed,
+    ) -> Outcome:
+        fair = any(spec.config.fair_by is not None for _, spec in limiters)
+        if (fair and not state.slots) or not all(lim.books for lim, _ in limiters):
+            # a fair limit books nothing ahead: its waiting calls queue by tag (.fairness),
+            # and its dispatcher books the few it sends on (they claim it below)
+            return acquire_all(limiters, cost, who, handed)
+        if state.slots:
+            settings = self.settings
+            outcome = claim_all(
+                limiters,
+                cost,
+                state.slots,
+                settings.late_tolerance,
+                settings.early_sleep,
+                who,
+                handed,
+            )
+            if outcome is not None or fair:
+                return outcome or acquire_all(limiters, cost, who, handed)
+        elif lease and not any(lim.cap for lim, _ in limiters):
+            outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
+            if outcome is not None:
+                return outcome
+        outcome = reserve_all(limiters, cost, self.settings.late_tolerance, None, who, handed)
+        if lease:
+            self.leases.observe(outcome.held)
+        return outcome
+
+    def reserve_all(
+        self,
+        limiters: list[tuple[Limiter, LimitSpec]],
+        cost: int,
+        not_before: float | None = None,
+    ) -> Outcome:
+        """A booking for a batch (no concurrency slot is ever taken by a booking)."""
+        return reserve_all(limiters, cost, self.settings.late_tolerance, not_before)
+
+    def refund(self, held: Held, cost: int) -> None:
+        """Give back what a decision took, and publish whom freed slots went to."""
+        handed = refund(held, cost)
+        if handed:
+            self.publish(handed)
+
+
+def waited(state: WaitState, outcome: Outcome) -> float:
+    """Seconds a call has waited so far (since its first deferral, on the server's clock)."""
+    now = outcome.now or time.time()
+    return now - state.since if state.since is not None else 0.0
+
+
+def too_long(max_wait: float | None, state: WaitState, outcome: Outcome) -> bool:
+    """Whether this wait would take the call past ``max_wait`` seconds in total."""
+    return max_wait is not None and waited(state, outcome) + outcome.delay > max_wait

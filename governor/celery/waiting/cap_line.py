@@ -1,0 +1,180 @@
+"""Waiting for a concurrency slot: in line, in Redis, with no worker, broker ETA or memory held.
+
+A call whose limit's cap is full (``decision.capped == "full"``) is queued in the cap's line with
+its message (:meth:`Limiter.wait`): the script that queues it checks the cap again, so a slot
+freed in between is never missed. Whatever frees a slot later (a holder's release at the end
+of its body, a refund, a sweep of lapsed leases) hands it to the oldest waiter and returns that
+waiter's message; the process that freed it publishes it at once (:class:`Handover`), and the
+task, on arrival, finds the slot already its own. No polling, no herd: one message per freed
+slot. A process that dies before publishing leaves the hand-over to lapse after the cap's
+lease; the sweepers (the releaser thread, :mod:`.releaser`) then publish it again, and the
+first copy to arrive runs while a second is dropped.
+
+Sweepers find the caps with waiters in ``<prefix>:{caps}:due`` (a sorted set of caps by the
+moment a sweep could matter: the earliest lease of their holders), which every queued call
+updates.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from ...keys import escape, unescape
+from ...limiter import Limiter
+from ...scripts import package_script, run_script
+from .. import signals
+from ..config.settings import Settings
+from ..config.store import Store
+from ..types import Call, Deferred, Duplicate, Outcome
+from .handover import Handover
+from .republish import Republisher
+
+__all__ = ["INDEX", "CapLine", "CapSweeper", "holder_of", "index_key", "parse_member"]
+
+logger = logging.getLogger("governor.celery")
+INDEX = "{caps}:due"
+
+
+def index_key(prefix: str) -> str:
+    return f"{prefix}:{INDEX}"
+
+
+def member(lim: Limiter, subject: str) -> str:
+    """How a cap is named in the sweep index."""
+    return f"{escape(lim.name)}:{escape(subject)}"
+
+
+def parse_member(text: str) -> tuple[str, str] | None:
+    name, sep, subject = text.partition(":")
+    return (unescape(name), unescape(subject)) if sep else None
+
+
+class CapLine:
+    """Puts calls denied by a full cap in the cap's line (one per gate)."""
+
+    def __init__(self, settings: Settings, store: Store, republisher: Republisher) -> None:
+        self.settings = settings
+        self.store = store
+        self.republisher = republisher
+
+    def wait(self, call: Call, outcome: Outcome, label: str) -> Deferred | None:
+        """The call was denied by a cap (``outcome.decision.capped``): queue it, or defer a copy
+        of a running task, or drop a copy of one that ran. None: a slot is free for it now
+        (decide again)."""
+        decision, spec = outcome.decision, outcome.spec
+        assert decision is not None and spec is not None
+        if decision.capped == "done":
+            logger.info("governor: %s dropped: a copy of it already ran", call.name)
+            return Duplicate(f"governor: {call.name} already ran (a copy of it held the slot)")
+        if decision.capped == "copy":  # a live copy holds the slot: come back when it lapses
+            return self.republisher.republish(call, outcome, label)
+        lim = self.store.limiter(spec.name, spec.config)
+        message, state = self.republisher.message(call, label)
+        waited = lim.wait(spec.subject, holder_of(call), message)
+        if waited.handed:
+            self.republisher.handover.publish(list(waited.handed))
+        if waited.status in ("room", "mine"):
+            return None
+        if waited.status != "queued":  # copy or done, seen only now
+            capped = Outcome(
+                False,
+                delay=waited.estimate,
+                now=waited.now,
+                spec=spec,
+                decision=decision,
+            )
+            if waited.status == "done":
+                return Duplicate(f"governor: {call.name} already ran (a copy of it held the slot)")
+            return self.republisher.republish(call, capped, label)
+        call.state = state
+        self._index(lim, spec.subject, waited.now + max(decision.retry_after, 0.0))
+        signals.task_deferred.send(
+            sender=call.task,
+            request=call.request,
+            limit=label,
+            rule=None,
+            delay=None,
+            booked=False,
+            blocked=None,
+            capped="full",
+        )
+        self.republisher.note(call, label, "concurrency", 0.0)
+        return Deferred(
+            f"governor: waits for a slot of {label} ({waited.position} ahead, "
+            f"wait {call.state.waits})"
+        )
+
+    def _index(self, lim: Limiter, subject: str, due: float) -> None:
+        """Have the sweepers look at this cap when its earliest lease could lapse."""
+        try:
+            self.store.client.zadd(
+                index_key(self.settings.prefix), {member(lim, subject): round(due * 1000)}, lt=True
+            )
+        except (
+            redis.RedisError,
+            redis.exceptions.RedisClusterException,
+        ) as exc:  # the next queued call or a release tries again
+            logger.warning("governor: could not note %s:%s for sweeps: %r", lim.name, subject, exc)
+
+
+def holder_of(call: Call) -> str:
+    """A call's holder id: its task id and retry count (a retry is a new holder, a redelivered
+    copy the same one)."""
+    return f"{call.request.id}:{call.request.retries or 0}"
+
+
+class CapSweeper:
+    """Finds caps whose holders may have died with tasks waiting, and hands their slots over
+    (run by the releaser thread of every worker; each cap is claimed by one at a time)."""
+
+    def __init__(
+        self, store: Store, handover: Handover, prefix: str, batch: int = 100, claim: float = 5.0
+    ) -> None:
+        self.store = store
+        self.handover = handover
+        self.prefix = prefix
+        self.batch = batch
+        self.claim = claim
+        self._limiters: dict[str, Limiter] = {}
+
+    def sweep_once(self) -> int:
+        """Sweep the caps that are due; returns how many waiting tasks were handed a slot."""
+        client = self.store.client
+        key = index_key(self.prefix)
+        reply = run_script(
+            client,
+            package_script("governor.celery.waiting", "caps_due"),
+            [key],
+            [self.batch, round(self.claim * 1000)],
+        )
+        now_ms, handed = int(reply[0]), 0
+        for raw in reply[1:]:
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            parsed = parse_member(name)
+            if parsed is None:
+                client.zrem(key, name)
+                continue
+            lim = self._limiter(parsed[0])
+            nxt, pairs = lim.sweep(parsed[1], configured=False)
+            handed += self.handover.publish(pairs)
+            if nxt:
+                client.zadd(key, {name: round(nxt * 1000)}, xx=True)
+                continue
+            # nobody waits: forget it; one queued meanwhile is noted again (it wrote first, or
+            # its note comes after this)
+            client.zrem(key, name)
+            if lim.holders(parsed[1]).waiting:
+                client.zadd(key, {name: now_ms})
+        return handed
+
+    def _limiter(self, name: str) -> Limiter:
+        """A stand-in limiter for the cap's keys: the sweep reads the cap's limit from Redis."""
+        lim = self._limiters.get(name)
+        if lim is None or lim.client is not self.store.client:
+            if len(self._limiters) > 10_000:
+                self._limiters.clear()
+            lim = Limiter(self.store.client, None, concurrency=1, name=name, prefix=self.prefix)
+            self._limiters[name] = lim
+        return lim

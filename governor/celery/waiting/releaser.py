@@ -1,0 +1,107 @@
+"""The releaser: a thread in every worker's main process that re-publishes parked tasks when
+they are nearly due (see :mod:`.parking` for what is parked and why), and sweeps concurrency
+caps whose holders may have died while tasks wait in line (see :mod:`.cap_line`). The worker
+starts it from :mod:`governor.celery.bootstep`.
+
+A releaser *picks up* due entries: a pickup lapses after ``governor_release_lease`` seconds,
+after which another releaser may pick them up again (see ``take_due.lua``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from .. import signals
+from . import parking
+from .cap_line import CapSweeper
+from .envelope import open_envelope
+
+__all__ = ["Releaser"]
+
+logger = logging.getLogger("governor.celery")
+
+
+class Releaser:
+    """Re-publishes parked tasks that are nearly due. One per worker (main process)."""
+
+    def __init__(
+        self,
+        app: Any,
+        client_factory: Callable[[], redis.Redis],
+        prefix: str,
+        horizon: float | None,
+        interval: float = 1.0,
+        lease: float = 5.0,
+        batch: int = 200,
+        lead: float = 0.0,
+        sweeper: CapSweeper | None = None,
+        shards: int = 1,
+    ) -> None:
+        self.app = app
+        self.client_factory = client_factory
+        self.prefix = prefix
+        self.horizon = horizon
+        self.interval = interval
+        self.lease = lease
+        self.batch = batch
+        self.lead = lead
+        """Publish this long before the due time: a booked task arrives early (Settings.lead)."""
+        self.sweeper = sweeper
+        self.shards = shards
+        """Parking shards to take from (``governor_parking_shards``)."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def release_once(self) -> int:
+        """Take and publish what is due within the horizon; returns how many were published."""
+        if self.horizon is None:
+            return 0
+        client = self.client_factory()
+        now, taken = parking.take_due(
+            client, self.prefix, self.horizon, self.lease, self.batch, self.shards
+        )
+        taken_at = time.monotonic()
+        published = 0
+        for parking_id, text in taken:
+            try:
+                sig, due, _env = open_envelope(self.app, text)
+            except Exception as exc:  # unreadable: keep it leased and visible in the logs
+                logger.error("governor: cannot read parked task %s: %r", parking_id, exc)
+                continue
+            parking.stamp_release(sig)
+            # the Redis clock now: publishing a large batch takes a while
+            elapsed = time.monotonic() - taken_at
+            sig.apply_async(countdown=max(0.0, due - now - elapsed - self.lead))
+            parking.forget_released(client, self.prefix, parking_id)
+            published += 1
+        if published:
+            signals.task_released.send(sender=self, count=published, queue=None)
+            logger.debug("governor: released %d parked tasks", published)
+        return published
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                while self.release_once() >= self.batch and not self._stop.is_set():
+                    pass
+            except Exception as exc:  # Redis or broker trouble: try again next round
+                logger.warning("governor: releasing parked tasks failed: %r", exc)
+            if self.sweeper is not None:
+                try:
+                    self.sweeper.sweep_once()
+                except Exception as exc:
+                    logger.warning("governor: sweeping concurrency caps failed: %r", exc)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="governor-releaser", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
