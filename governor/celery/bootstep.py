@@ -51,7 +51,7 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
             settings.prefix,
             settings.park_after,
             interval=settings.release_interval,
-            lease=settings.release_lease,
+            pickup=settings.release_lease,
             lead=settings.lead,
             sweeper=sweeper,
             shards=settings.parking_shards,

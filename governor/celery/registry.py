@@ -1,8 +1,8 @@
-"""Which Celery app has which :class:`~governor.celery.Governor`.
+"""Which Celery app has which :class:`~governor.celery.Installed`.
 
 The parts that Celery calls on its own (a task's ``before_start``, the worker's request class,
 the releaser bootstep) find their app's governor here, so none of them imports the module that
-defines it: :mod:`governor.celery.app` registers each ``Governor`` (and itself as the factory
+defines it: :mod:`governor.celery.app` registers each ``Installed`` (and itself as the factory
 for apps that only use ``base=GovernedTask``), and everything else only reads.
 """
 
@@ -15,10 +15,10 @@ from typing import Any, Protocol
 from .admission.gate import Gate
 from .config.settings import Settings
 
-__all__ = ["Governor", "find", "of", "register", "set_factory"]
+__all__ = ["Installed", "find", "of", "register", "set_factory"]
 
 
-class Governor(Protocol):
+class Installed(Protocol):
     """What the rest of governor.celery needs of an installed governor."""
 
     @property
@@ -34,26 +34,26 @@ class Governor(Protocol):
     def uses_fairness(self) -> bool: ...
 
 
-_installed: weakref.WeakKeyDictionary[Any, Governor] = weakref.WeakKeyDictionary()
-_factory: Callable[[Any], Governor] | None = None
+_installed: weakref.WeakKeyDictionary[Any, Installed] = weakref.WeakKeyDictionary()
+_factory: Callable[[Any], Installed] | None = None
 
 
-def register(app: Any, governor: Governor) -> None:
+def register(app: Any, governor: Installed) -> None:
     _installed[app] = governor
 
 
-def set_factory(factory: Callable[[Any], Governor]) -> None:
-    """What :func:`of` calls for an app without a governor (``Governor`` itself)."""
+def set_factory(factory: Callable[[Any], Installed]) -> None:
+    """What :func:`of` calls for an app without a governor (``Installed`` itself)."""
     global _factory
     _factory = factory
 
 
-def find(app: Any) -> Governor | None:
+def find(app: Any) -> Installed | None:
     """The app's governor, or None."""
     return _installed.get(app)
 
 
-def of(app: Any) -> Governor:
+def of(app: Any) -> Installed:
     """The app's governor, created on first use (a ``GovernedTask`` without ``Governor(app)``)."""
     governor = _installed.get(app)
     if governor is None:

@@ -57,7 +57,7 @@ class When(FloatParam):
             )
 
 
-def clock(unix: float, ms: bool = False) -> str:
+def wall_clock(unix: float, ms: bool = False) -> str:
     """Local wall-clock time: ``2025-06-01 09:00:00`` (``.250`` more with ``ms``)."""
     text = datetime.fromtimestamp(unix).isoformat(sep=" ", timespec="milliseconds")
     return text if ms else text[:-4]
@@ -92,7 +92,7 @@ def _table(unit: str, size: int, rows: list[tuple[int, int, int]], absolute: flo
         if absolute is None:
             start, end = f"+{a}{unit[0]}", f"+{b}{unit[0]}"
         else:
-            start, end = clock(absolute + a * size), clock(absolute + b * size)
+            start, end = wall_clock(absolute + a * size), wall_clock(absolute + b * size)
         table.add_row(start, end, str(n), str(total))
     if len(rows) > MAX_ROWS:
         table.caption = f"... {len(rows) - MAX_ROWS} more rows (--json has them all)"
@@ -253,7 +253,7 @@ def plan_command(
     if schedule:
         out.print()
         for i, t in enumerate(p.starts, 1):
-            when = clock(t, ms=True) if absolute else f"+{format_duration(t - p.start)}"
+            when = wall_clock(t, ms=True) if absolute else f"+{format_duration(t - p.start)}"
             out.print(f"job {i}: {when}")
 
 

@@ -26,10 +26,10 @@ from .common import EXIT_FAILED, CliError, State, echo_json, format_time, pass_s
 __all__ = ["submit"]
 
 
-Call = tuple[int, list[Any], dict[str, Any]]
+CallLine = tuple[int, list[Any], dict[str, Any]]
 
 
-def read_calls(stream: IO[str]) -> Iterator[Call]:
+def read_calls(stream: IO[str]) -> Iterator[CallLine]:
     """(line number, args, kwargs) for each call in a JSON Lines stream."""
     for number, line in enumerate(stream, 1):
         line = line.strip()
@@ -121,7 +121,7 @@ def submit(state: State, task_name: str, calls: IO[str], start_in: float, as_jso
         )
 
 
-def check_call(app: Any, task: Any, call: Call) -> None:
+def check_call(app: Any, task: Any, call: CallLine) -> None:
     """Fail on a call the task cannot take (its signature, its key or cost function), naming
     the line: before anything is sent."""
     from ..celery import registry
@@ -145,7 +145,7 @@ def check_call(app: Any, task: Any, call: Call) -> None:
 
 
 def _submit_all(
-    items: list[Call],
+    items: list[CallLine],
     signatures: Iterator[Any],
     start_in: float,
     quiet: bool,

@@ -46,7 +46,7 @@ from .. import signals
 from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
-from ..decisions.decider import Decider, too_long, waited
+from ..decisions.decider import Decider, too_long, waited_so_far
 from ..decisions.leases import AdmissionLeases
 from ..fair.sharing import FairSharing, fair_spec
 from ..feedback.backoff import Backoff
@@ -225,10 +225,10 @@ class Gate:
         decision = outcome.decision
         if decision is not None and decision.capped is not None:
             max_wait = self.calls.max_wait(call.task)
-            if max_wait is not None and waited(call.state, outcome) > max_wait:
+            if max_wait is not None and waited_so_far(call.state, outcome) > max_wait:
                 raise GovernorTimeout(
                     f"task {call.task.name!r} [{call.request.id}] waited "
-                    f"{waited(call.state, outcome):.1f}s in total, more than "
+                    f"{waited_so_far(call.state, outcome):.1f}s in total, more than "
                     f"governor_max_wait={max_wait}s, and {label} has no free slot"
                 )
             return
@@ -242,7 +242,7 @@ class Gate:
             self.decider.refund(outcome.held, call.cost)
             raise GovernorTimeout(
                 f"task {call.task.name!r} [{call.request.id}] would wait "
-                f"{waited(call.state, outcome) + outcome.delay:.1f}s in total for {label}, "
+                f"{waited_so_far(call.state, outcome) + outcome.delay:.1f}s in total for {label}, "
                 f"more than governor_max_wait={max_wait}s"
             )
 

@@ -24,7 +24,7 @@ from ...errors import ConfigError
 
 __all__ = ["LIMIT_KEYS", "SETTINGS", "TASK_OPTIONS", "Setting", "markdown"]
 
-Check = Callable[[Any, str], Any]
+Validator = Callable[[Any, str], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class Setting:
     name: str
     default: Any
     doc: str
-    check: Check | None = None
+    check: Validator | None = None
     """None: read by :func:`~.settings.load_settings` together with others (see ``doc``)."""
     shown: str | None = None
     """How the docs show the default, where ``repr`` would not do."""
@@ -54,7 +54,7 @@ class Setting:
 # -- checks ---------------------------------------------------------------------------------
 
 
-def seconds(minimum: float = 0.0) -> Check:
+def seconds_at_least(minimum: float = 0.0) -> Validator:
     """A number of seconds, at least ``minimum``."""
 
     def check(value: Any, name: str) -> float:
@@ -71,7 +71,7 @@ def seconds(minimum: float = 0.0) -> Check:
     return check
 
 
-def integer(low: int, high: int) -> Check:
+def integer(low: int, high: int) -> Validator:
     def check(value: Any, name: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value!r}")
@@ -87,7 +87,7 @@ def fraction(value: Any, name: str) -> float:
     return float(value)
 
 
-def choice(*options: str) -> Check:
+def choice(*options: str) -> Validator:
     def check(value: Any, name: str) -> str:
         if value not in options:
             shown = " or ".join(repr(o) for o in options)
@@ -104,7 +104,7 @@ def text(value: Any, name: str) -> str:
 
 
 def max_wait(value: Any, name: str) -> float:
-    return float(seconds()(value, name))
+    return float(seconds_at_least()(value, name))
 
 
 def port(value: Any, name: str) -> int:
@@ -174,7 +174,7 @@ SETTINGS: tuple[Setting, ...] = (
         30.0,
         "seconds a concurrency slot outlives its holder's last renewal (renewed every third "
         "of it while the body runs)",
-        seconds(0.05),
+        seconds_at_least(0.05),
     ),
     Setting(
         "governor_fail_mode",
@@ -187,7 +187,7 @@ SETTINGS: tuple[Setting, ...] = (
         "governor_outage_retry",
         5.0,
         "first backoff in seconds when Redis is unreachable, doubling up to 5 minutes",
-        seconds(0.01),
+        seconds_at_least(0.01),
     ),
     Setting(
         "governor_max_wait",
@@ -199,27 +199,27 @@ SETTINGS: tuple[Setting, ...] = (
         "governor_late_tolerance",
         0.025,
         "how late a booked task may start on its slot (seconds)",
-        seconds(),
+        seconds_at_least(),
     ),
     Setting(
         "governor_early_sleep",
         0.5,
         "a task arriving up to this early for its slot sleeps instead of going back; booked "
         "tasks are sent to arrive 0.2 s early, at most this (seconds)",
-        seconds(),
+        seconds_at_least(),
     ),
     Setting(
         "governor_socket_timeout",
         2.0,
         "Redis socket timeout for decisions (seconds)",
-        seconds(0.01),
+        seconds_at_least(0.01),
     ),
     Setting(
         "governor_lease_span",
         0.2,
         "under limits with plenty of room, a pool process takes a few admissions at once "
         "(an admission lease) and starts them within this long; `0`: one Redis call per task",
-        seconds(),
+        seconds_at_least(),
     ),
     Setting(
         "governor_park_after",
@@ -232,14 +232,14 @@ SETTINGS: tuple[Setting, ...] = (
         "governor_release_interval",
         1.0,
         "how often each worker's releaser looks for parked tasks that are nearly due (seconds)",
-        seconds(0.01),
+        seconds_at_least(0.01),
     ),
     Setting(
         "governor_release_lease",
         5.0,
         "seconds a releaser's pickup of due tasks lasts: a pickup whose reply was lost (Redis "
         "hanging) holds its tasks this long before another releaser takes them",
-        seconds(0.1),
+        seconds_at_least(0.1),
     ),
     Setting(
         "governor_parking_shards",
@@ -257,27 +257,27 @@ SETTINGS: tuple[Setting, ...] = (
         "governor_park_replica_timeout",
         1.0,
         "how long that `WAIT` may take, below `governor_socket_timeout` (seconds)",
-        seconds(0.01),
+        seconds_at_least(0.01),
     ),
     Setting(
         "governor_backoff_base",
         1.0,
         "a `Backoff` that names no time pauses its limit this long, doubling with each one in "
         "a row (seconds)",
-        seconds(0.01),
+        seconds_at_least(0.01),
     ),
     Setting(
         "governor_backoff_max",
         300.0,
         "the longest such pause, at least `governor_backoff_base` (seconds)",
-        seconds(0.01),
+        seconds_at_least(0.01),
     ),
     Setting(
         "governor_max_pause",
         3600.0,
         "the longest pause an upstream's headers may ask for; longer ones are cut to it with a "
         "warning (seconds)",
-        seconds(1.0),
+        seconds_at_least(1.0),
     ),
     Setting(
         "governor_adaptive_decrease",

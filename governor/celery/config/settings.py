@@ -18,7 +18,7 @@ from ...algorithms import get_algorithm
 from ...connect import RedisTarget, target
 from ...errors import ConfigError
 from ..types import LimitConfig
-from .defaults import BY_NAME, SETTINGS, seconds
+from .defaults import BY_NAME, SETTINGS, seconds_at_least
 from .limit_config import limit_config
 from .redis_options import redis_target
 
@@ -137,7 +137,7 @@ def _park_after(get: Callable[..., Any], release_interval: float) -> float | Non
             options.get("visibility_timeout", 3600) if isinstance(options, Mapping) else 3600
         )
         return min(300.0, float(visibility) / 2)
-    park_after: float = seconds(0.001)(raw, "governor_park_after")
+    park_after: float = seconds_at_least(0.001)(raw, "governor_park_after")
     if park_after <= release_interval:
         raise ConfigError(
             f"governor_park_after ({park_after:g}s) must be longer than "

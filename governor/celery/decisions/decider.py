@@ -18,7 +18,7 @@ from ..types import Handed, Held, LimitSpec, Outcome, WaitState, Who
 from .leases import AdmissionLeases
 from .rounds import acquire_all, claim_all, refund, reserve_all
 
-__all__ = ["Decider", "too_long", "waited"]
+__all__ = ["Decider", "too_long", "waited_so_far"]
 
 
 Publish = Callable[[Handed], object]
@@ -108,7 +108,7 @@ class Decider:
             self.publish(handed)
 
 
-def waited(state: WaitState, outcome: Outcome) -> float:
+def waited_so_far(state: WaitState, outcome: Outcome) -> float:
     """Seconds a call has waited so far (since its first deferral, on the server's clock)."""
     now = outcome.now or time.time()
     return now - state.since if state.since is not None else 0.0
@@ -116,4 +116,4 @@ def waited(state: WaitState, outcome: Outcome) -> float:
 
 def too_long(max_wait: float | None, state: WaitState, outcome: Outcome) -> bool:
     """Whether this wait would take the call past ``max_wait`` seconds in total."""
-    return max_wait is not None and waited(state, outcome) + outcome.delay > max_wait
+    return max_wait is not None and waited_so_far(state, outcome) + outcome.delay > max_wait

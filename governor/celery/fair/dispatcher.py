@@ -26,7 +26,7 @@ from ..config.settings import Settings
 from ..config.store import Store
 from ..types import HEADER
 from ..waiting.envelope import open_envelope
-from .queue import FairQueue, index_key
+from .queue import FairQueue, fair_due_key
 
 __all__ = ["INTERVAL", "FairDispatcher"]
 
@@ -72,7 +72,7 @@ class FairDispatcher:
         """One look at every fair limit: (calls sent on, calls still waiting, seconds until
         the next look could send one)."""
         client = self.store.client
-        key = index_key(self.settings.prefix)
+        key = fair_due_key(self.settings.prefix)
         sent = waiting = 0
         wake = INTERVAL
         listed: list[tuple[Any, float]] = list(client.zrange(key, 0, -1, withscores=True))  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from typing import Any
 from ...limiter import Limiter
 from ...scripts import LuaScript, package_script, run_script
 
-__all__ = ["CLAIMS_MS", "KEEP_MS", "TRANSIT_MS", "FairQueue", "index_key"]
+__all__ = ["CLAIMS_MS", "KEEP_MS", "TRANSIT_MS", "FairQueue", "fair_due_key"]
 
 KEEP_MS = 86_400_000
 """How long a fair queue's keys live after the last call was put in (refreshed by each)."""
@@ -29,7 +29,7 @@ CLAIMS_MS = 3_600_000
 """How long an arrival's claim is remembered (a redelivered copy within this long still runs)."""
 
 
-def index_key(prefix: str) -> str:
+def fair_due_key(prefix: str) -> str:
     return f"{prefix}:{{fair}}:due"
 
 

@@ -31,7 +31,7 @@ from ..config.settings import Settings
 from ..config.store import Store
 from ..types import Call, Deferred, LimitSpec, Outcome
 from ..waiting.republish import Republisher
-from .queue import FairQueue, index_key
+from .queue import FairQueue, fair_due_key
 
 __all__ = ["FairSharing", "fair_spec"]
 
@@ -113,7 +113,7 @@ class FairSharing:
         tenant = spec.tenant or ""
         text, waiting_state = self.republisher.message(call, spec.label)
         step = call.cost / spec.config.weight(tenant)
-        client.zadd(index_key(self.settings.prefix), {queue.describe(): time.time()})
+        client.zadd(fair_due_key(self.settings.prefix), {queue.describe(): time.time()})
         member = f"{call.request.id}:{secrets.token_hex(4)}"
         tag, waiting = queue.put(client, member, tenant, step, call.state.tag, text)
         call.state = replace(waiting_state, tag=tag)

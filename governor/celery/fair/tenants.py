@@ -17,10 +17,10 @@ from typing import Any
 from ..config.task_limits import call_with_arguments
 from ..types import LimitSpec
 
-__all__ = ["HEADER", "MAX_TENANT", "tenant_of", "tenant_text"]
+__all__ = ["MAX_TENANT", "TENANT_HEADER", "tenant_of", "tenant_text"]
 
 logger = logging.getLogger("governor.celery")
-HEADER = "governor_tenant"
+TENANT_HEADER = "governor_tenant"
 MAX_TENANT = 200
 
 
@@ -35,7 +35,7 @@ def tenant_of(
     task: Any, request: Any, spec: LimitSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> str:
     headers = getattr(request, "headers", None) or {}
-    given = headers.get(HEADER) if isinstance(headers, Mapping) else None
+    given = headers.get(TENANT_HEADER) if isinstance(headers, Mapping) else None
     if given is not None:
         return tenant_text(given)
     fair_by = spec.config.fair_by

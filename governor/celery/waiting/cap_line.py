@@ -31,14 +31,14 @@ from ..types import Call, Deferred, Duplicate, Outcome
 from .handover import Handover
 from .republish import Republisher
 
-__all__ = ["INDEX", "CapLine", "CapSweeper", "holder_of", "index_key", "parse_member"]
+__all__ = ["CAPS_DUE", "CapLine", "CapSweeper", "caps_due_key", "holder_of", "parse_member"]
 
 logger = logging.getLogger("governor.celery")
-INDEX = "{caps}:due"
+CAPS_DUE = "{caps}:due"
 
 
-def index_key(prefix: str) -> str:
-    return f"{prefix}:{INDEX}"
+def caps_due_key(prefix: str) -> str:
+    return f"{prefix}:{CAPS_DUE}"
 
 
 def member(lim: Limiter, subject: str) -> str:
@@ -110,7 +110,9 @@ class CapLine:
         """Have the sweepers look at this cap when its earliest lease could lapse."""
         try:
             self.store.client.zadd(
-                index_key(self.settings.prefix), {member(lim, subject): round(due * 1000)}, lt=True
+                caps_due_key(self.settings.prefix),
+                {member(lim, subject): round(due * 1000)},
+                lt=True,
             )
         except (
             redis.RedisError,
@@ -142,7 +144,7 @@ class CapSweeper:
     def sweep_once(self) -> int:
         """Sweep the caps that are due; returns how many waiting tasks were handed a slot."""
         client = self.store.client
-        key = index_key(self.prefix)
+        key = caps_due_key(self.prefix)
         reply = run_script(
             client,
             package_script("governor.celery.waiting", "caps_due"),

@@ -7,13 +7,12 @@ import logging
 import time
 from typing import Any
 
-from ..types import HEADER
+from ..types import HEADER, Handed
 from .envelope import open_envelope
 
-__all__ = ["Handed", "Handover"]
+__all__ = ["Handover"]
 
 logger = logging.getLogger("governor.celery")
-Handed = list[tuple[str, str]]
 
 
 class Handover:

@@ -7,18 +7,18 @@ Instead the message is parked in Redis (a sorted set by due time, survives worke
 a releaser inside every worker re-publishes it once it is within ``park_after`` of its slot, as
 an ordinary short ETA.
 
-Releasing is at least once and running is exactly once: a releaser takes entries under a
-lease, publishes them, and only then removes them; one that dies in between leaves its lease
-to expire and another releaser publishes the entries again. Each released message carries its
-parking id and a token of its own publication, and the consumer claims that id before running
-it: the first copy to claim it runs, another copy is dropped, and the broker delivering the same
-copy again (a worker died, a message was requeued) runs it (the token matches).
+Releasing is at least once and running is exactly once: a releaser picks entries up (a *pickup*,
+which lapses after ``governor_release_lease``), publishes them, and only then removes them; one that
+dies in between leaves its pickup to lapse and another releaser publishes the entries again. Each
+released message carries its parking id and a token of its own publication, and the consumer claims
+that id before running it: the first copy to claim it runs, another copy is dropped, and the broker
+delivering the same copy again (a worker died, a message was requeued) runs it (the token matches).
 
 Keys (one hash tag, so one Redis Cluster slot)::
 
     <prefix>:{parked}:due      ZSET  parking id -> due (Unix ms, Redis clock)
     <prefix>:{parked}:msgs     HASH  parking id -> envelope (JSON)
-    <prefix>:{parked}:lease    ZSET  parking id -> lease expiry (Unix ms)
+    <prefix>:{parked}:lease    ZSET  parking id -> when its pickup lapses (Unix ms)
     <prefix>:{parked}:seen:ID  STRING, 1 day: the release token of the copy that claimed it
 
 With ``governor_parking_shards = N`` (> 1; for a Redis Cluster) parked tasks spread over N such
@@ -213,12 +213,12 @@ def parked_entries(client: redis.Redis, prefix: str, shards: int = 1) -> Iterato
 
 
 def take_due(
-    client: redis.Redis, prefix: str, horizon: float, lease: float, batch: int, shards: int = 1
+    client: redis.Redis, prefix: str, horizon: float, pickup: float, batch: int, shards: int = 1
 ) -> tuple[float, list[tuple[str, bytes | str]]]:
-    """Take what is due within ``horizon`` seconds (and what a dead releaser left), leased
-    for ``lease`` seconds, from every shard: (Redis time, [(parking id, envelope)]), at most
+    """Pick up what is due within ``horizon`` seconds (and what a dead releaser left), for
+    ``pickup`` seconds, from every shard: (Redis time, [(parking id, envelope)]), at most
     ``batch`` a shard. Publish each one, then :func:`forget_released` it; what is not
-    forgotten is taken again when its lease ends. A shard that does not answer (its cluster
+    forgotten is picked up again when its pickup lapses. A shard that does not answer (its cluster
     master is down) is skipped with a warning, so the others keep flowing and what was taken
     from them is published; :class:`StorageUnavailable` only when none answers."""
     now, taken = 0.0, []
@@ -229,7 +229,7 @@ def take_due(
                 client,
                 package_script("governor.celery.waiting", "take_due"),
                 list(keys(prefix, shard)),
-                [round(horizon * 1000), round(lease * 1000), batch],
+                [round(horizon * 1000), round(pickup * 1000), batch],
             )
         except StorageUnavailable as exc:
             failed.append(exc)

@@ -36,7 +36,7 @@ class Releaser:
         prefix: str,
         horizon: float | None,
         interval: float = 1.0,
-        lease: float = 5.0,
+        pickup: float = 5.0,
         batch: int = 200,
         lead: float = 0.0,
         sweeper: CapSweeper | None = None,
@@ -47,7 +47,8 @@ class Releaser:
         self.prefix = prefix
         self.horizon = horizon
         self.interval = interval
-        self.lease = lease
+        self.pickup = pickup
+        """Seconds a pickup of due tasks lasts (``governor_release_lease``)."""
         self.batch = batch
         self.lead = lead
         """Publish this long before the due time: a booked task arrives early (Settings.lead)."""
@@ -63,7 +64,7 @@ class Releaser:
             return 0
         client = self.client_factory()
         now, taken = parking.take_due(
-            client, self.prefix, self.horizon, self.lease, self.batch, self.shards
+            client, self.prefix, self.horizon, self.pickup, self.batch, self.shards
         )
         taken_at = time.monotonic()
         published = 0

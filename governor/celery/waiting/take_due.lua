@@ -1,13 +1,13 @@
--- release.lua: take parked tasks that are nearly due, under a lease.
+-- take_due.lua: pick up parked tasks that are nearly due (a pickup lapses, so nothing is lost).
 --
 -- KEYS[1]  ZSET due: parking id -> due time (Unix ms)
 -- KEYS[2]  HASH msgs: parking id -> envelope
--- KEYS[3]  ZSET lease: parking id -> lease expiry (Unix ms): being released right now
+-- KEYS[3]  ZSET lease: parking id -> when its pickup lapses (Unix ms): being released now
 -- ARGV[1]  horizon (ms): take what is due within this long from now
--- ARGV[2]  lease (ms): how long a releaser may take to publish before others retry
+-- ARGV[2]  pickup (ms): how long a releaser may take to publish before others take them again
 -- ARGV[3]  at most this many
 -- Returns  {now_ms, id_1, envelope_1, id_2, envelope_2, ...}. A releaser publishes each one, then
---          calls done (ZREM lease, HDEL msgs). One that dies first leaves its lease to expire:
+--          forgets it (ZREM lease, HDEL msgs). One that dies first leaves its pickup to lapse:
 --          the entries are taken again, so nothing is lost; a task published twice that way is
 --          run once (the consumer claims the parking id before running it).
 local t = redis.call('TIME')
@@ -25,7 +25,7 @@ local function take(id)
     redis.call('ZREM', KEYS[3], id)
   end
 end
--- expired leases first: their releaser died mid-release
+-- lapsed pickups first: their releaser died mid-release
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit)) do
   take(id)
 end

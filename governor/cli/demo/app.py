@@ -33,6 +33,7 @@ from celery import Celery, Task
 from celery.signals import worker_ready
 
 from ...celery import Governor, signals
+from .processes import TASK
 
 STORE = os.environ.get("GOVERNOR_REDIS_URL", "redis://localhost:6379/1")
 RULES = os.environ.get("GOVERNOR_DEMO_RULES", "20/s, 300/m")
@@ -46,7 +47,6 @@ app.conf.update(
 )
 governor = Governor(app)
 _client: redis.Redis | None = None
-TASK = "governor.demo.call"
 _counted: dict[str, float | None] = {}
 """``counted_at`` of the admissions of this process whose body has not started yet, by task id."""
 
