@@ -162,7 +162,8 @@ class Governor:
         celery_signals.worker_shutdown.connect(self._release_leases, weak=False)
         celery_signals.task_postrun.connect(self._task_done, weak=False)
         hide_deferral_logs()
-        if self.settings.metrics_port is not None:
+        settings = self.settings
+        if settings.metrics_port is not None:
             try:
                 from . import metrics
             except ImportError as exc:
@@ -170,10 +171,16 @@ class Governor:
                 raise SystemExit(f"governor: governor_metrics_port is set, but {exc}") from exc
             metrics.install(
                 self.app,
-                self.settings.metrics_port,
-                self.settings.metrics_addr,
+                settings.metrics_port,
+                settings.metrics_addr,
                 worker=sender,
-                tenants=self.settings.metrics_tenants,
+                tenants=settings.metrics_tenants,
+                protection=metrics.Protection(
+                    certfile=settings.metrics_certfile,
+                    keyfile=settings.metrics_keyfile,
+                    client_cafile=settings.metrics_client_cafile,
+                    basic_auth=settings.metrics_basic_auth,
+                ),
             )
         self._warn_if_volatile()
         unknown = sorted(set(self.settings.tasks) - set(self.app.tasks))

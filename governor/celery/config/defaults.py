@@ -121,8 +121,32 @@ def host(value: Any, name: str) -> str:
     return value
 
 
-def flag(value: Any, name: str) -> bool:
-    return bool(value)
+def path(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a file path, got {value!r}")
+    return value
+
+
+def basic_auth(value: Any, name: str) -> tuple[str, str]:
+    """``"user:password"`` or ``(user, password)``; errors never repeat the value (a secret)."""
+    if isinstance(value, str) and ":" in value:
+        user, _, password = value.partition(":")
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        user, password = value
+    else:
+        raise ConfigError(f'{name} must be "user:password" or a (user, password) pair')
+    if not isinstance(user, str) or not isinstance(password, str) or not user or not password:
+        raise ConfigError(f"{name}: the user and the password must be non-empty strings")
+    return user, password
+
+
+def tenant_series(value: Any, name: str) -> int:
+    """How many tenants get series of their own: False 0, True 100, or 0 to 10,000."""
+    if value is True:
+        return 100
+    if value is False:
+        return 0
+    return int(integer(0, 10_000)(value, name))
 
 
 # -- the settings ---------------------------------------------------------------------------
@@ -303,12 +327,41 @@ SETTINGS: tuple[Setting, ...] = (
         "serve Prometheus metrics on this port from every worker (None: off)",
         port,
     ),
-    Setting("governor_metrics_addr", "0.0.0.0", "address the metrics server binds", host),
+    Setting(
+        "governor_metrics_addr",
+        "0.0.0.0",
+        "address the metrics server binds (every address, as Prometheus exporters do: bind an "
+        "internal one, or protect the port with the settings below; see docs/security.md)",
+        host,
+    ),
+    Setting(
+        "governor_metrics_certfile",
+        None,
+        "serve the metrics over TLS with this certificate (PEM; with `governor_metrics_keyfile`)",
+        path,
+    ),
+    Setting("governor_metrics_keyfile", None, "the certificate's private key (PEM)", path),
+    Setting(
+        "governor_metrics_client_cafile",
+        None,
+        "with TLS: require a client certificate signed by this CA (mutual TLS)",
+        path,
+    ),
+    Setting(
+        "governor_metrics_basic_auth",
+        None,
+        '`"user:password"` (or a pair) every scrape must present (HTTP basic auth; use it '
+        "with TLS, or the password crosses the network in clear)",
+        basic_auth,
+        shown="None",
+    ),
     Setting(
         "governor_metrics_tenants",
-        False,
-        "also a wait histogram per tenant of fair limits (one series per tenant)",
-        flag,
+        0,
+        "a wait histogram per tenant of fair limits, for at most this many tenants per process "
+        '(`True`: 100); the others count as `tenant="other"`, so a flood of tenants cannot '
+        "grow a worker's memory or Prometheus without bound",
+        tenant_series,
     ),
 )
 """Every ``governor_*`` setting of ``app.conf``, in the order the docs list them."""

@@ -60,7 +60,11 @@ class Settings:
     park_replica_timeout: float = 1.0
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
-    metrics_tenants: bool = False
+    metrics_certfile: str | None = None
+    metrics_keyfile: str | None = None
+    metrics_client_cafile: str | None = None
+    metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    metrics_tenants: int = 0
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     max_pause: float = 3600.0
@@ -154,6 +158,12 @@ def _check_together(values: dict[str, Any], replicas: bool) -> None:
             f"governor_backoff_max ({values['backoff_max']:g}s) must not be below "
             f"governor_backoff_base ({values['backoff_base']:g}s)"
         )
+    if bool(values["metrics_certfile"]) != bool(values["metrics_keyfile"]):
+        raise ConfigError(
+            "governor_metrics_certfile and governor_metrics_keyfile go together (TLS needs both)"
+        )
+    if values["metrics_client_cafile"] and not values["metrics_certfile"]:
+        raise ConfigError("governor_metrics_client_cafile needs TLS: set governor_metrics_certfile")
     if replicas and values["park_replica_timeout"] >= values["socket_timeout"]:
         raise ConfigError(
             f"governor_park_replica_timeout ({values['park_replica_timeout']:g}s) must be below "

@@ -58,5 +58,14 @@ Then, for example::
 """
 
 from .exporter import install, installed, registry, set_parked, uninstall, watch_parked
+from .server import Protection
 
-__all__ = ["install", "installed", "registry", "set_parked", "uninstall", "watch_parked"]
+__all__ = [
+    "Protection",
+    "install",
+    "installed",
+    "registry",
+    "set_parked",
+    "uninstall",
+    "watch_parked",
+]

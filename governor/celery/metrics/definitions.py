@@ -60,9 +60,13 @@ metric                                      type       labels                  c
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+logger = logging.getLogger("governor.celery.metrics")
 
 __all__ = ["DELAY_BUCKETS", "HANDOVER_BUCKETS", "LATENESS_BUCKETS", "Metrics"]
 
@@ -106,9 +110,12 @@ class Metrics:
     ``registry``: where they register (prometheus_client's default registry; ``None``: nowhere,
     or a private :class:`~prometheus_client.CollectorRegistry` to list what governor exports)."""
 
-    def __init__(
-        self, registry: CollectorRegistry | None = REGISTRY, tenants: bool = False
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY, tenants: int = 0) -> None:
+        self.tenant_cap = 100 if tenants is True else int(tenants)
+        """At most this many tenants get series of their own (per process); the rest: other."""
+        self._tenants: set[tuple[str, str]] = set()
+        self._tenants_full = False
+        self._tenant_lock = threading.Lock()
         self.admitted = Counter(
             "governor_admitted",
             "Governed calls admitted, once per limit that admitted them.",
@@ -215,8 +222,8 @@ class Metrics:
 
         self.tenant_wait: Histogram | None = None
         """Waits by tenant under fair limits: one series per tenant, so only on request
-        (``governor_metrics_tenants = True``)."""
-        if tenants:
+        (``governor_metrics_tenants``), and for at most ``tenant_cap`` tenants."""
+        if self.tenant_cap:
             self.tenant_wait = Histogram(
                 "governor_tenant_wait_seconds",
                 "From a call's first wait to its start, under a fair limit, per tenant.",
@@ -224,6 +231,27 @@ class Metrics:
                 buckets=DELAY_BUCKETS,
                 registry=registry,
             )
+
+    def tenant(self, limit: str, tenant: str) -> str:
+        """The ``tenant`` label for a tenant of ``limit``: its name while fewer than
+        ``tenant_cap`` tenants have series of their own in this process, else ``"other"`` (a
+        flood of distinct tenants, which come from task arguments and headers, must not grow
+        a worker's memory or Prometheus without bound)."""
+        key = (limit, tenant)
+        with self._tenant_lock:
+            if key in self._tenants:
+                return tenant
+            if len(self._tenants) < self.tenant_cap:
+                self._tenants.add(key)
+                return tenant
+            warn, self._tenants_full = not self._tenants_full, True
+        if warn:
+            logger.warning(
+                "governor: more than %d tenants seen by this process: the others' waits count "
+                'as tenant="other" (governor_metrics_tenants)',
+                self.tenant_cap,
+            )
+        return "other"
 
     def all(self) -> list[Any]:
         return [

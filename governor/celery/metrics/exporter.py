@@ -8,17 +8,14 @@ import atexit
 import contextlib
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 try:
-    from prometheus_client import (
-        REGISTRY,
-        CollectorRegistry,
-        start_http_server,
-    )
+    from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client import values as prometheus_values
     from prometheus_client.metrics_core import Metric
     from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
@@ -39,6 +36,7 @@ from .processes import (
     remove_directory,
     wants_multiprocess,
 )
+from .server import Protection, serve
 from .updates import UPDATES
 
 __all__ = [
@@ -109,7 +107,8 @@ def install(
     worker: Any = None,
     multiprocess: bool | None = None,
     parked: Callable[[], float] | None = None,
-    tenants: bool = False,
+    tenants: int = 0,
+    protection: Protection | None = None,
 ) -> None:
     """Count governor's signals and serve them on ``addr:port`` (``port`` None: count only, for
     an exporter of your own). Call it once, in the worker's main process, before the pool forks
@@ -120,7 +119,9 @@ def install(
     multiprocess mode. ``multiprocess`` forces the choice; unknown defaults to multiprocess,
     which is right for every pool. ``PROMETHEUS_MULTIPROC_DIR`` set in the environment always
     means multiprocess. ``parked``: called at each scrape for ``governor_parked_tasks``.
-    ``tenants``: also ``governor_tenant_wait_seconds`` (a series per tenant of fair limits).
+    ``tenants``: also ``governor_tenant_wait_seconds`` for at most this many tenants of fair
+    limits per process (the rest count as ``tenant="other"``; 0: no tenant series; True: 100).
+    ``protection``: TLS and basic authentication for the port (:mod:`.server`).
 
     A port that cannot be bound is logged as an error: tasks run on, without metrics.
     """
@@ -130,7 +131,7 @@ def install(
             watch_parked(parked)
         if _state is not None:
             if port is not None and _state.server is None and _state.port is None:
-                _serve(_state, port, addr)
+                _serve(_state, port, addr, protection)
             elif port is not None and (port, addr) != (_state.port, _state.addr):
                 logger.warning(
                     "governor: metrics already served on %s:%s, not on %s:%s",
@@ -176,11 +177,13 @@ def install(
         for signal, receiver in _RECEIVERS:
             signal.connect(receiver, weak=False, dispatch_uid=f"governor.metrics.{signal.name}")
         if port is not None:
-            _serve(state, port, addr)
+            _serve(state, port, addr, protection)
         logger.info(
             "governor: metrics for %s%s (%s)",
             state.app_name,
-            f" on http://{addr}:{port}/metrics" if state.server is not None else "",
+            f" on {(protection or Protection()).scheme}://{addr}:{port}/metrics"
+            if state.server is not None
+            else "",
             f"multiprocess, {state.directory}" if use_mp else "single process",
         )
 
@@ -261,15 +264,12 @@ def _undo(state: _State) -> None:
         remove_directory(state.directory, state.pid)
 
 
-def _serve(state: _State, port: int, addr: str) -> None:
+def _serve(state: _State, port: int, addr: str, protection: Protection | None) -> None:
     state.port, state.addr = port, addr
     try:
-        result = start_http_server(port, addr=addr, registry=state.served)
-    except OSError as exc:
+        state.server, state.thread = serve(state.served, port, addr, protection)
+    except (OSError, ssl.SSLError) as exc:
         logger.error("governor: cannot serve metrics on %s:%s: %s", addr, port, exc)
-        return
-    if isinstance(result, tuple):  # prometheus-client >= 0.20
-        state.server, state.thread = result
 
 
 # -- receivers --------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def _admitted(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
     fair = kw.get("fair")
     if m.tenant_wait is not None and fair:
         limit, tenant, waited = fair
-        m.tenant_wait.labels(str(limit), str(tenant)).observe(max(0.0, float(waited)))
+        label = m.tenant(str(limit), str(tenant))
+        m.tenant_wait.labels(str(limit), label).observe(max(0.0, float(waited)))
 
 
 def _deferred(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
