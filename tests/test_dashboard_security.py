@@ -101,6 +101,9 @@ def test_a_rebound_name_is_refused(app_state: State, partner: Limiter) -> None:
         ("0.0.0.0", (".example.com",), "example.com", True),
         ("0.0.0.0", (".example.com",), "badexample.com", False),
         ("myhost.corp", (), "myhost.corp:8055", True),
+        ("127.0.0.1", (), "127.0.0.1:8055, attacker.example", False),  # not a Host
+        ("127.0.0.1", (), "evil@127.0.0.1", False),
+        ("0.0.0.0", (), "10.0.0.5/x", False),
     ],
 )
 def test_the_host_names_answered(bind: str, allowed: tuple[str, ...], host: str, ok: bool) -> None:

@@ -41,9 +41,8 @@ __all__ = ["dashboard"]
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on. Another than loopback shows every limit, subject and block "
-    "reason to whoever reaches the port (with --allow-writes it needs a token): see "
-    "docs/security.md.",
+    help="Address to listen on. Any but loopback shows every limit, subject and block reason "
+    "to whoever reaches the port (with --allow-writes it needs a token): see docs/security.md.",
 )
 @click.option(
     "--allowed-host",
@@ -107,7 +106,10 @@ def dashboard(
     allow_writes: bool,
 ) -> None:
     """Serve a live web page of every limit: usage against each rule, starts per second,
-    blocks, bookings, concurrency, fair queues, parked tasks."""
+    blocks, bookings, concurrency, fair queues, parked tasks.
+
+    It answers only requests for its own host names (loopback, --host, --allowed-host), takes
+    writes only from its own pages, and with a token asks every caller for it."""
     state.redis_target()  # a bad URL fails here; an unreachable Redis shows on the page
     if interval < 0.1:
         raise CliError("--interval must be at least 100ms")

@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ SESSION_SECONDS = 12 * 3600
 """How long a browser stays logged in."""
 HOURS = SESSION_SECONDS // 3600
 WILDCARDS = ("", "0.0.0.0", "::")
+_HOST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\])(?::\d{1,5})?")
+"""A ``Host`` header: a name or an address, a port (anything else is refused)."""
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 OPEN_ENDPOINTS = ("static", "login")
 """Served without a token (the login page and its stylesheet; a Host check still applies)."""
@@ -133,9 +136,13 @@ class Access:
 
     def host_allowed(self, host: str) -> bool:
         """Whether a request's ``Host`` names this dashboard (not a name rebound to it)."""
+        if not host:
+            return True  # no Host (HTTP/1.0) is no browser's
+        if not _HOST.fullmatch(host):
+            return False
         name = host_name(host)
-        if not name or name == "localhost" or name.endswith(".localhost"):
-            return True  # no Host (HTTP/1.0) is no browser's; localhost never goes to DNS
+        if name == "localhost" or name.endswith(".localhost"):
+            return True  # browsers never ask DNS for these
         ip = _ip(name)
         if ip is not None and (ip.is_loopback or host_name(self.bind) in WILDCARDS):
             return True
