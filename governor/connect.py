@@ -103,7 +103,8 @@ def target(
             )
         return RedisTarget("factory", client, factory=load_factory(client, names.client))
     if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"{names.url}: a Redis URL is needed, got {url!r}")
+        shown = repr(url) if url is None or isinstance(url, str) else type(url).__name__
+        raise ConfigError(f"{names.url}: a Redis URL is needed, got {shown}")
     url = url.strip()
     if not isinstance(cluster, bool):
         raise ConfigError(f"{names.cluster} must be True or False, got {cluster!r}")
@@ -144,16 +145,39 @@ def target(
     try:
         parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:
-        raise ConfigError(f"{names.url}: bad Redis URL {mask_url(url)!r}: {exc}") from None
+        raise _error(f"{names.url}: bad Redis URL {mask_url(url)!r}: {_why(exc, url)}") from None
     return RedisTarget("redis", url)
+
+
+def _shown(piece: str, url: str) -> str:
+    """``piece`` of ``url`` quoted for a message, or ``'***'`` when it holds what
+    :func:`mask_url` hides (a raw ``/`` in a password moves the host into the path:
+    ``redis://:pa/ss@host``); :func:`_error` then says how to write the password."""
+    masked = mask_url(piece)
+    return repr(masked) if masked in mask_url(url) else "'***'"
+
+
+def _error(message: str) -> ConfigError:
+    if "'***'" in message:
+        message += (
+            " ('***' is part of a password: write '/', '?', '#' and ';' in it as %2F, %3F, "
+            "%23, %3B)"
+        )
+    return ConfigError(message)
+
+
+def _why(exc: Exception, url: str) -> str:
+    """A parser's reason, each quoted part of it checked as :func:`_shown` does (Python's
+    ``Port could not be cast to integer value as 'pa'`` may quote a password's head)."""
+    return re.sub(r"'([^']*)'", lambda m: _shown(m.group(1), url), str(exc))
 
 
 def _check_db(url: str, scheme: str, names: Names) -> None:
     path = urlsplit(url).path.strip("/")
     if scheme in ("redis", "rediss") and path and not path.isdigit():
-        raise ConfigError(
+        raise _error(
             f"{names.url}: bad Redis URL {mask_url(url)!r}: the database must be a number, got "
-            f"{path!r} (e.g. redis://localhost:6379/0)"
+            f"{_shown(path, url)} (e.g. redis://localhost:6379/0)"
         )
 
 
@@ -162,8 +186,8 @@ def _host_port(text: str, default: int, url: str, names: Names) -> tuple[str, in
         parts = urlsplit(f"//{text}")
         host, port = parts.hostname, parts.port
     except ValueError as exc:
-        raise ConfigError(
-            f"{names.url}: bad address {text!r} in {mask_url(url)!r}: {exc}"
+        raise _error(
+            f"{names.url}: bad address {_shown(text, url)} in {mask_url(url)!r}: {_why(exc, url)}"
         ) from None
     if not host:
         raise ConfigError(f"{names.url}: a host is missing in {mask_url(url)!r}")
@@ -175,23 +199,23 @@ def _sentinel(url: str, options: Mapping[str, Any], names: Names) -> RedisTarget
     found: dict[str, set[Any]] = {"db": set(), "username": set(), "password": set()}
     for chunk in filter(None, (part.strip() for part in url.split(";"))):
         if not chunk.startswith("sentinel://"):
-            raise ConfigError(
-                f"{names.url}: {mask_url(chunk)!r} in a Sentinel URL: every sentinel is written "
+            raise _error(
+                f"{names.url}: {_shown(chunk, url)} in a Sentinel URL: every sentinel is written "
                 "sentinel://host:port, separated by ';'"
             )
         parts = urlsplit(chunk)
         if parts.query or parts.fragment:
-            raise ConfigError(
-                f"{names.url}: {mask_url(chunk)!r}: sentinel URLs take no query options (use "
+            raise _error(
+                f"{names.url}: {_shown(chunk, url)}: sentinel URLs take no query options (use "
                 f"{names.options}, or {names.client} for TLS and the like)"
             )
         userinfo, _, address = parts.netloc.rpartition("@")
         nodes.append(_host_port(address, SENTINEL_PORT, url, names))
         path = parts.path.strip("/")
         if path and not path.isdigit():
-            raise ConfigError(
+            raise _error(
                 f"{names.url}: bad Sentinel URL {mask_url(url)!r}: the database must be a "
-                f"number, got {path!r} (e.g. sentinel://10.0.0.1:26379/1)"
+                f"number, got {_shown(path, url)} (e.g. sentinel://10.0.0.1:26379/1)"
             )
         if path:
             found["db"].add(int(path))
@@ -222,7 +246,7 @@ def _sentinel(url: str, options: Mapping[str, Any], names: Names) -> RedisTarget
     if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
         raise ConfigError(
             f"{names.options}['sentinel_kwargs'] must be a mapping of connection options for "
-            f"the sentinels (e.g. {{'password': ...}}), got {sentinel_kwargs!r}"
+            f"the sentinels (e.g. {{'password': ...}}), got {type(sentinel_kwargs).__name__}"
         )
     others = options.get("min_other_sentinels", 0)
     if isinstance(others, bool) or not isinstance(others, int) or others < 0:
@@ -251,14 +275,15 @@ def _cluster(url: str, names: Names) -> RedisTarget:
     nodes = [_host_port(part.strip(), REDIS_PORT, url, names) for part in netloc.split(",")]
     db = (path or "").strip("/")
     if db not in ("", "0"):
-        raise ConfigError(
-            f"{names.url}: a Redis Cluster has only database 0, got {db!r} in {mask_url(url)!r}"
+        raise _error(
+            f"{names.url}: a Redis Cluster has only database 0, got {_shown(db, url)} in "
+            f"{mask_url(url)!r}"
         )
     first = f"{scheme}://{userinfo + '@' if userinfo else ''}{netloc.split(',')[0]}{query or ''}"
     try:
         params = parse_url(first)  # type: ignore[no-untyped-call]
     except ValueError as exc:
-        raise ConfigError(f"{names.url}: bad Redis URL {mask_url(url)!r}: {exc}") from None
+        raise _error(f"{names.url}: bad Redis URL {mask_url(url)!r}: {_why(exc, url)}") from None
     for key in ("host", "port", "db", "path"):
         params.pop(key, None)
     if params.pop("connection_class", None) is SSLConnection:

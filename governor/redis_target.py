@@ -38,13 +38,64 @@ def _cluster_retry() -> Retry:
     return Retry(NoBackoff(), 1)
 
 
-def mask_url(url: str) -> str:
-    """The URL with every password replaced by ``***`` (safe to print).
+_URL_LIST_START = re.compile(r"(?:^|(?<=[;,\s]))(?:rediss?|unix|sentinel)://", re.IGNORECASE)
+"""Where each URL of a URL list starts (Sentinel URLs are joined by ``;``)."""
+_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://")
+"""Where a URL starts inside a message (any scheme: a broker's ``amqp://`` too)."""
+_URL_END_IN_TEXT = re.compile(r"[\s'\"<>`]")
+_SECRET_OPTION = re.compile(
+    r"([?&;][\w.-]*(?:pass|pwd|secret|token|auth|credential)[\w.-]*=)"
+    r"(?:[^&]|&(?![A-Za-z_][\w.-]*=))*",
+    re.IGNORECASE,
+)
+"""A query option holding a secret (``password=``, ``ssl_password=``, ``token=``...): its value
+runs to the next ``&option=``, so a raw ``&`` inside it stays hidden too."""
+
+
+def mask_url(text: str) -> str:
+    """``text`` with every secret of every URL in it replaced by ``***``: safe to print.
+
+    The one function governor shows URLs through (CLI, ``doctor``, errors, the dashboard). A
+    text that starts with a URL is a URL, or a list of them (Sentinel's ``;``, a cluster's
+    ``,``), masked whole, whatever its password holds; in any other text (a message quoting a
+    URL) each URL ends at a space or a quote. In each URL:
+
+    - the password of the user info, up to the **last** ``@`` (a raw ``@``, ``/``, ``?`` or
+      ``#`` in it stays hidden); the user name is kept, a lone user info (no ``:``) is hidden;
+    - the value of every query option whose name says secret: ``password=``,
+      ``ssl_password=``, ``token=``, ``secret=``, ``auth=`` ... (``username=`` is kept).
+
+    An ``@`` in a query value other than a secret's makes the text before it look like user
+    info, and it is hidden too: masking errs on the side of hiding.
 
     >>> mask_url("sentinel://:pw@a:26379;sentinel://:pw@b:26379/1")
     'sentinel://:***@a:26379;sentinel://:***@b:26379/1'
+    >>> mask_url("redis://:p@ss@h:6379/0?username=app&password=hunter2")
+    'redis://:***@h:6379/0?username=app&password=***'
+    >>> mask_url("cannot reach rediss://u:pw@h:6380 (timeout)")
+    'cannot reach rediss://u:***@h:6380 (timeout)'
     """
-    return re.sub(r"(://[^:/@;,]*:)[^@/;]*@", r"\1***@", url)
+    whole = _URL_LIST_START.match(text.lstrip()) is not None
+    starts = [m.start() for m in (_URL_LIST_START if whole else _URL_IN_TEXT).finditer(text)]
+    if not starts:
+        return text
+    out = [text[: starts[0]]]
+    for start, end in zip(starts, [*starts[1:], len(text)]):
+        chunk = text[start:end]
+        cut = re.search(r"[;,\s]*$" if whole else _URL_END_IN_TEXT, chunk)
+        at = cut.start() if cut is not None else len(chunk)
+        out += [_mask_one(chunk[:at]), chunk[at:]]
+    return "".join(out)
+
+
+def _mask_one(url: str) -> str:
+    after_scheme = url.index("://") + 3
+    url = _SECRET_OPTION.sub(r"\1***", url)  # first: an @ in a secret's value is no user info
+    at = url.rfind("@", after_scheme)
+    if at < 0:
+        return url
+    user, colon, _ = url[after_scheme:at].partition(":")
+    return f"{url[:after_scheme]}{user + ':***' if colon else '***'}{url[at:]}"
 
 
 @dataclass(frozen=True)
@@ -106,14 +157,15 @@ class RedisTarget:
                     **{**timeouts, **self.params},
                 )
             except RedisClusterException as exc:  # no startup node answered (redis-py says so)
-                raise ClientUnavailable(str(exc)) from exc
+                raise ClientUnavailable(mask_url(str(exc))) from exc
             return cast(redis.Redis, cluster)
         assert self.factory is not None
         try:
             made = self.factory()
         except Exception as exc:
             raise ClientUnavailable(
-                f"the Redis client factory {self.url} raised {type(exc).__name__}: {exc}"
+                f"the Redis client factory {self.url} raised {type(exc).__name__}: "
+                f"{mask_url(str(exc))}"
             ) from exc
         if not callable(getattr(made, "evalsha", None)):
             raise ConfigError(

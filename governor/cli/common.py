@@ -62,10 +62,12 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 class CliError(click.ClickException):
-    """A user error: printed as ``Error: <message>`` with ``exit_code`` (no traceback)."""
+    """A user error: printed as ``Error: <message>`` with ``exit_code`` (no traceback). The
+    message goes through :func:`mask_url`: whatever it quotes (an exception's text, a worker's
+    log), no password is printed."""
 
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
+        super().__init__(mask_url(message))
         setattr(self, "exit_code", exit_code)  # noqa: B010 (click declares it a ClassVar)
 
 
@@ -231,10 +233,13 @@ def _redis_message(exc: Exception, state: State | None = None) -> str:
     state = _state(state)
     where = f" at {mask_url(state.redis_url)}" if state else ""
     if isinstance(exc, AuthenticationError):
-        return f"Redis{where} refused the credentials: {exc}. Fix the password in --redis-url"
+        return (
+            f"Redis{where} refused the credentials: {mask_url(str(exc))}. Fix the password in "
+            "--redis-url"
+        )
     return (
-        f"cannot reach Redis{where}: {str(exc).rstrip('.')}. Is it running? Point --redis-url or "
-        "GOVERNOR_REDIS_URL at it (e.g. redis://localhost:6379/0)"
+        f"cannot reach Redis{where}: {mask_url(str(exc)).rstrip('.')}. Is it running? Point "
+        "--redis-url or GOVERNOR_REDIS_URL at it (e.g. redis://localhost:6379/0)"
     )
 
 

@@ -7,10 +7,12 @@
     $ governor -A proj limits show
     $ governor -A proj limits reset queue:emails                      # the configuration again
 
-LABEL is a limit as ``status`` names it: ``queue:NAME``, ``task:NAME`` or a per-key limit's
-name; with ``-A`` a bare queue or task name is enough and an unknown label exits 2. Rules are
-checked before anything is written. Workers pick a change up within about a second (see
-:mod:`governor.celery.config.live`).
+LABEL is a limit as ``status`` names it: ``queue:NAME``, ``task:NAME`` or a per-key limit's name;
+with ``-A`` a bare queue or task name is enough and an unknown label exits 2. Without ``-A`` nothing
+can be checked: a live limit for a name no app has is stored (and listed) but no worker uses it, so
+``set`` and ``reset`` warn. Rules are checked before anything is written. Workers pick a change up
+within about a second (see :mod:`governor.celery.config.live`). Whoever can write to governor's
+Redis can set live limits (docs/security.md).
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ def _live(state: State) -> Any:
 def _label(state: State, name: str) -> str:
     """The label NAME means: checked against the app's limits with -A."""
     if state.app is None:
+        bare = ""
         if not name.startswith(("queue:", "task:")):
-            click.echo(
-                f"Note: without -A, {name!r} is taken as a per-key limit's name (use queue:NAME "
-                "or task:NAME for the others); pass -A APP to check it.",
-                err=True,
-            )
+            bare = " (taken as a per-key limit's name: write queue:NAME or task:NAME for others)"
+        click.echo(
+            f"Warning: without -A, {name!r} is not checked against an app's limits: a live limit "
+            f"for a name no app has is stored and listed, and no worker uses it{bare}. Pass -A "
+            "APP to check it.",
+            err=True,
+        )
         return name.removeprefix("key:")
     labels = [e.label for e in app_limits(state, live=False)]
     if name in labels:
@@ -85,6 +90,7 @@ def show(state: State, as_json: bool) -> None:
                 "live": dict(live.value) if live else None,
                 "by": live.by if live else None,
                 "at": live.at if live else None,
+                "known": None if state.app is None else conf is not None,
             }
         )
     if as_json:
@@ -97,6 +103,8 @@ def show(state: State, as_json: bool) -> None:
         live_text = "-" if row["live"] is None else _text(row["live"])
         since = "" if row["at"] is None else f"  (by {row['by']}, {format_time(row['at'])})"
         conf_text = f"  [configured: {row['configured']}]" if row["configured"] else ""
+        if row["known"] is False:
+            conf_text = f"  [app {state.app_name!r} has no such limit: no worker uses it]"
         click.echo(f"{row['label']}: {live_text}{conf_text}{since}")
 
 

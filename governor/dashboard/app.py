@@ -15,7 +15,9 @@ block / unblock / reset.
 
 Without ``allow_writes`` the write routes are not registered (404). They accept only
 ``application/json`` bodies, which a page on another site cannot send without the browser
-asking first, so a foreign page cannot steer the limits through a user's browser.
+asking first, and :mod:`.access` refuses a write whose ``Origin`` is another site's, a
+request whose ``Host`` is not the dashboard's (DNS rebinding), and, with a token, any request
+without it. A block lasts at most ``max_block`` seconds (longer ones: ``governor block``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from ..cli.admin import forget_counts
-from ..cli.common import CliError, State, format_duration, parse_duration, user_errors
+from ..cli.common import (
+    CliError,
+    State,
+    format_duration,
+    mask_url,
+    parse_duration,
+    user_errors,
+)
 from ..cli.entries import LimitEntry
 from ..cli.limits import LimitState, has_state, resolve, subject_state
+from .access import Access, protect
 from .limit_page import SubjectNames, limit_payload
 from .payload import overview, subject_payload
 from .sampler import Sampler
@@ -39,7 +49,14 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("governor.dashboard")
 
-CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'"
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+MAX_BLOCK = 7 * 86400.0
+"""The longest block the dashboard makes by default (``--max-block``)."""
+MAX_ARG = 1000
+"""Characters at most in a limit's name or a subject given to the dashboard."""
 
 
 class Problem(Exception):
@@ -55,6 +72,8 @@ def _arg(data: dict[str, Any], name: str) -> str:
     value = data.get(name)
     if not isinstance(value, str) or not value:
         raise Problem(f"missing {name!r}: give the limit's name and the subject")
+    if len(value) > MAX_ARG:
+        raise Problem(f"{name!r} is longer than {MAX_ARG} characters")
     return value
 
 
@@ -111,10 +130,19 @@ def _redis(state: State, call: Any, *args: Any) -> Any:
 
 
 def create_app(
-    sampler: Sampler, *, allow_writes: bool = False, per_page: int = 25, shown: int = 5
+    sampler: Sampler,
+    *,
+    allow_writes: bool = False,
+    per_page: int = 25,
+    shown: int = 5,
+    access: Access | None = None,
+    max_block: float = MAX_BLOCK,
 ) -> Flask:
-    """The dashboard for ``sampler``'s Redis and limits (the caller starts the sampler)."""
+    """The dashboard for ``sampler``'s Redis and limits (the caller starts the sampler),
+    answering as ``access`` says (default: loopback names only, no token)."""
+    access = access if access is not None else Access()
     app = Flask(__name__)
+    protect(app, access)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     state: State = sampler.state
     names = SubjectNames()
@@ -125,6 +153,7 @@ def create_app(
         "app_name": state.app_name,
         "examine": sampler.examine,
         "history": format_duration(sampler.history.seconds),
+        "auth": access.token is not None,
     }
 
     @app.after_request
@@ -132,6 +161,8 @@ def create_app(
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Referrer-Policy"] = "same-origin"  # a form post keeps its Origin
         return response
 
     @app.errorhandler(Problem)
@@ -148,7 +179,7 @@ def create_app(
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> Any:
         log.exception("dashboard request failed")
-        return problem(Problem(f"the dashboard failed: {type(exc).__name__}: {exc}", 500))
+        return problem(Problem(mask_url(f"the dashboard failed: {type(exc).__name__}: {exc}"), 500))
 
     @app.get("/")
     def index() -> str:
@@ -204,7 +235,7 @@ def create_app(
         return jsonify(out)
 
     if allow_writes:
-        _write_routes(app, sampler)
+        _write_routes(app, sampler, max_block)
     return app
 
 
@@ -215,7 +246,7 @@ def _body() -> dict[str, Any]:
     return data
 
 
-def _write_routes(app: Flask, sampler: Sampler) -> None:
+def _write_routes(app: Flask, sampler: Sampler, max_block: float) -> None:
     state = sampler.state
 
     @app.post("/api/block")
@@ -226,6 +257,11 @@ def _write_routes(app: Flask, sampler: Sampler) -> None:
             seconds = parse_duration(str(data.get("duration", "")))
         except ValueError as exc:
             raise Problem(str(exc)) from None
+        if seconds > max_block:
+            raise Problem(
+                f"a block from the dashboard lasts at most {format_duration(max_block)} "
+                f"(--max-block), not {format_duration(seconds)}: for longer, governor block"
+            )
         reason = str(data.get("reason", ""))[:500]
         entry = find_entry(sampler, name, subject)
         until = _redis(state, entry.limiter(state).block, subject, seconds, reason)

@@ -215,7 +215,7 @@ class Sampler:
                     now = time.time()
                     parked, more = read_parked(self.state, now - self._parked_at >= PARKED_EVERY)
             except Exception as exc:  # the page shows it; the next refresh tries again
-                message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                message = getattr(exc, "message", None) or mask_url(f"{type(exc).__name__}: {exc}")
                 if not hasattr(exc, "message"):
                     log.exception("dashboard refresh failed")
                 last = self.frame

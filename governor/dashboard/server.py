@@ -6,28 +6,40 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from types import TracebackType
+from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from ..cli.common import State
-from .app import create_app
+from .access import Access
+from .app import MAX_BLOCK, create_app
 from .sampler import Sampler
 
 __all__ = ["Dashboard"]
 
+_TOKEN = re.compile(r"([?&]token=)[^&\s]*")
+
 
 class _Handler(WSGIRequestHandler):
-    """Logs failed requests only: the pages poll every second."""
+    """Logs failed requests only (the pages poll every second), a ``token=`` in them hidden."""
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         if str(code).isdigit() and int(code) >= 400:
             super().log_request(code, size)
 
+    def log(self, type: str, message: str, *args: Any) -> None:
+        hidden = [_TOKEN.sub(r"\1***", a) if isinstance(a, str) else a for a in args]
+        super().log(type, message, *hidden)
+
 
 class Dashboard:
-    """The sampler and the web server of one dashboard; ``port=0`` picks a free port."""
+    """The sampler and the web server of one dashboard; ``port=0`` picks a free port.
+
+    It answers to loopback names, ``host`` and ``allowed_hosts`` (see
+    :class:`~governor.dashboard.access.Access`), and with a ``token`` only to who gives it."""
 
     def __init__(
         self,
@@ -39,9 +51,15 @@ class Dashboard:
         allow_writes: bool = False,
         examine: int = 100,
         history: float = 300.0,
+        allowed_hosts: tuple[str, ...] = (),
+        token: str | None = None,
+        max_block: float = MAX_BLOCK,
     ) -> None:
+        self.access = Access(host, tuple(allowed_hosts), token)
         self.sampler = Sampler(state, interval=interval, examine=examine, history=history)
-        self.app = create_app(self.sampler, allow_writes=allow_writes)
+        self.app = create_app(
+            self.sampler, allow_writes=allow_writes, access=self.access, max_block=max_block
+        )
         self.server: BaseWSGIServer = make_server(
             host, port, self.app, threaded=True, request_handler=_Handler
         )

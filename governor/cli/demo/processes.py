@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ...connect import Names, target
 from ...embedded import EmbeddedRedis
+from ...errors import ConfigError
 from ..common import EXIT_FAILED, EXIT_UNREACHABLE, CliError, mask_url
 
 if TYPE_CHECKING:
@@ -93,6 +95,10 @@ class Cluster:
         if self.given_url:
             self.broker_url = self.store_url = self.given_url
             self.redis_label = mask_url(self.given_url)
+            try:  # a bad URL is told without quoting its password
+                target(self.given_url, names=Names(url="--redis-url"))
+            except ConfigError as exc:
+                raise CliError(str(exc)) from None
             self._ping()
             self._had_deadlines = bool(self.client.exists(DEADLINES))
             return

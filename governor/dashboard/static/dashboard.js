@@ -79,10 +79,18 @@
     return rows;
   }
 
+  /* a session that ended (401 with a token set): to the login page, back here after */
+  function loginAgain(response) {
+    if (response.status !== 401 || !body.dataset.login) return;
+    const next = location.pathname + location.search;
+    location.assign(body.dataset.login + "?" + new URLSearchParams({ next: next }).toString());
+  }
+
   async function getJSON(url) {
     let response;
     try { response = await fetch(url, { headers: { Accept: "application/json" } }); }
     catch (e) { throw new Error("the dashboard server does not answer (" + e.message + ")"); }
+    loginAgain(response);
     let data = null;
     try { data = await response.json(); } catch (e) { data = null; }
     if (!response.ok) {
@@ -229,6 +237,7 @@
         try {
           const r = await fetch("api/" + action, { method: "POST", headers: { "Content-Type": "application/json" },
                                                    body: JSON.stringify({ name: name, subject: subject, ...payload }) });
+          loginAgain(r);
           const data = await r.json();
           result.textContent = r.ok ? action + ": done" : action + " failed: " + data.error;
         } catch (e) { result.textContent = action + " failed: " + e.message; }
