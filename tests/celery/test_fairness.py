@@ -99,7 +99,9 @@ def test_a_late_tenant_is_served_beside_a_flood(redis_server: ServerHandle) -> N
         f"\nB's first started {b[0] - sent_b:.2f}s after it was sent, its last "
         f"{b[-1] - sent_b:.2f}s; A's 50 took {a[-1] - start:.2f}s"
     )
-    assert b[0] - sent_b < 0.6
+    # first come, first served, B would wait behind A's backlog (~4 s); fair, it starts at once
+    # (a second of slack: a loaded machine's threads start late, not the queue's order)
+    assert b[0] - sent_b < 1.5
     assert b[-1] - sent_b < 2.0 + 1.0  # its fair share: 5/s
     starts = sorted(r["t"] for r in runs)
     assert all(starts[i + 10] - starts[i] >= 0.99 for i in range(len(starts) - 10))

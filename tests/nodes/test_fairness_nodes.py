@@ -36,13 +36,17 @@ def test_a_late_tenant_is_served_beside_a_flood_on_two_nodes(nodes_factory: Any)
     assert done == expected, group.log_text()[-3000:]  # all of them, each once
     b = sorted(r["t"] for r in runs if r["customer"] == "B")
     a = sorted(r["t"] for r in runs if r["customer"] == "A")
+    # the rules hold on admissions, counted on Redis's clock (a loaded machine may bunch body
+    # starts after them: those are printed, not asserted)
+    counted = sorted(r["c"] for r in runs)
+    most = max(sum(1 for t in counted[i:] if t < s + 1.0) for i, s in enumerate(counted))
     starts = sorted(r["t"] for r in runs)
-    most = max(sum(1 for t in starts[i:] if t < s + 1.0) for i, s in enumerate(starts))
+    most_starts = max(sum(1 for t in starts[i:] if t < s + 1.0) for i, s in enumerate(starts))
     ideal = (flood + late) / 20
     print(
         f"\nB: first {b[0] - sent_b:.2f}s after it was sent, all {b[-1] - sent_b:.2f}s; "
         f"A: {a[-1] - sent_a:.2f}s for {flood} (ideal with B {ideal:.1f}s); "
-        f"most starts in a second {most}"
+        f"most admissions in a second {most} (body starts {most_starts})"
     )
     assert b[0] - sent_b <= 0.5
     assert b[-1] - sent_b <= 3.0  # 20 at its fair share, 10/s

@@ -12,11 +12,12 @@ GT_KILL_ON     "deferred": SIGKILL this worker right after a deferral is re-publ
                "release-before" / "release-after": right before / after its releaser publishes
                a parked task (before the parked entry is removed)
 
-Each task body appends {"id", "t", "n", "waits", "retries", "pid", "node"} to ``<GT_KEY>:runs``
-when it starts and, with GT_SLEEP, {"id", "start", "end", "pid", "node"} to ``<GT_KEY>:ends``
-when it ends; failures go to ``<GT_KEY>:failures``; ``worker_ready`` adds the node to
-``<GT_KEY>:ready``. Concurrency slots: hand-over latencies go to ``<GT_KEY>:handover``, lost
-slots to ``<GT_KEY>:lost``.
+Each task body appends {"id", "t", "c", "n", "waits", "retries", "pid", "node"} to ``<GT_KEY>:runs``
+when it starts (``t``: the body's start; ``c``: when the rules counted its admission, on Redis's
+clock: ``task_admitted``'s ``counted_at``, what the rules hold on) and, with GT_SLEEP, {"id",
+"start", "end", "pid", "node"} to ``<GT_KEY>:ends`` when it ends; failures go to
+``<GT_KEY>:failures``; ``worker_ready`` adds the node to ``<GT_KEY>:ready``. Concurrency slots:
+hand-over latencies go to ``<GT_KEY>:handover``, lost slots to ``<GT_KEY>:lost``.
 """
 
 from __future__ import annotations
@@ -79,8 +80,19 @@ def report(self: Task, customer: str, n: int) -> None:
     _run(self, n, customer=customer)
 
 
+_counted: dict[str, float | None] = {}
+"""``counted_at`` of this process's admissions whose body has not started yet, by task id."""
+
+
+@signals.task_admitted.connect
+def _admitted(sender: Any = None, request: Any = None, counted_at: Any = None, **_: Any) -> None:
+    if request is not None:
+        _counted[request.id] = counted_at
+
+
 def _run(task: Task, n: int, **extra: Any) -> None:
     started = time.time()
+    counted = _counted.pop(task.request.id, None)
     gov = (task.request.headers or {}).get("governor") or {}
     _record.rpush(
         f"{KEY}:runs",
@@ -88,6 +100,7 @@ def _run(task: Task, n: int, **extra: Any) -> None:
             {
                 "id": task.request.id,
                 "t": started,
+                "c": counted,
                 "n": n,
                 "waits": gov.get("waits", 0),
                 "retries": task.request.retries,
