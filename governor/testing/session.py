@@ -115,7 +115,7 @@ class Governed:
         self.on_denied = on_denied
         self.calls: list[GovernedCall] = []
         """Every eager call of the app's tasks so far, admitted or denied, in order."""
-        self._base = load_settings(app.conf)
+        self._base = load_settings(app.conf, getattr(app, "namespace", None))
         for task in list(app.tasks.values()):
             validate_task(task, self._base)
         self._swapped: list[tuple[Any, type]] = []
