@@ -346,10 +346,12 @@ class Governed:
         return None if name is None else str(name)
 
     def _signature(self, call: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any], Any]:
-        if hasattr(call, "task") and hasattr(call, "args") and not hasattr(call, "run"):
+        from celery.canvas import Signature
+
+        if isinstance(call, Signature):
             task = self.app.tasks[call.task]
             return task, tuple(call.args), dict(call.kwargs), dict(call.options)
-        if hasattr(call, "run") and hasattr(call, "name"):
+        if callable(getattr(call, "run", None)) and isinstance(getattr(call, "name", None), str):
             return self.app.tasks[call.name], (), {}, {}
         raise TypeError(f"expected a task or a signature (task.s(...)), got {call!r}")
 
@@ -414,7 +416,10 @@ def _denial(
 
 def _shown(call: Any) -> str:
     """A call as a test failure names it: ``proj.call_partner('acme')``."""
-    name = getattr(call, "task", None) if not hasattr(call, "run") else call.name
-    args = [repr(a) for a in getattr(call, "args", ()) or ()]
-    args += [f"{k}={v!r}" for k, v in (getattr(call, "kwargs", None) or {}).items()]
-    return f"{name}({', '.join(args)})"
+    from celery.canvas import Signature
+
+    if not isinstance(call, Signature):
+        return f"{getattr(call, 'name', call)}()"
+    args = [repr(a) for a in call.args or ()]
+    args += [f"{k}={v!r}" for k, v in (call.kwargs or {}).items()]
+    return f"{call.task}({', '.join(args)})"

@@ -104,6 +104,9 @@ def test_queue_and_task_limits_of_plain_tasks(redis_server: ServerHandle) -> Non
             send.delay("a")
         report.delay()
         report.delay()
+        gov.assert_denied(report, limit="task:shop.report", retry_after=60.0)  # a task: no args
+        with pytest.raises(TypeError, match="a task or a signature"):
+            gov.check("shop.report")
         send.apply_async(("b",), queue="default")  # routed elsewhere: no queue quota
     assert [(d.limit, d.rule) for d in gov.denials] == [
         ("queue:emails", "2/s"),
