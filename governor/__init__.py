@@ -7,7 +7,8 @@
 True
 """
 
-from .concurrency import Concurrency, Permit
+from typing import TYPE_CHECKING, Any
+
 from .decision import CapUsage, Decision, Hold, Holder, Pause, RuleUsage, Slot, Usage
 from .errors import (
     ConfigError,
@@ -20,8 +21,11 @@ from .errors import (
     StorageUnavailable,
     SubjectError,
 )
-from .limiter import Limiter
 from .rules import Rule, parse_rules
+
+if TYPE_CHECKING:
+    from .concurrency import Concurrency, Permit
+    from .limiter import Limiter
 
 __all__ = [
     "CapUsage",
@@ -49,3 +53,19 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_LAZY = {"Concurrency": ".concurrency", "Permit": ".concurrency", "Limiter": ".limiter"}
+"""Imported on first use: they import redis-py, which takes a tenth of a second or more, and
+``import governor`` must stay cheap (pytest imports :mod:`governor.testing.plugin`, hence this
+package, in every test run of a project that installs governor)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'governor' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

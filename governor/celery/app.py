@@ -67,7 +67,7 @@ class Governor:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = load_settings(self.app.conf)
+            self._settings = load_settings(self.app.conf, getattr(self.app, "namespace", None))
         return self._settings
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,10 +90,31 @@ class Settings:
         return target(self.redis_url)
 
 
-def load_settings(conf: Any) -> Settings:
-    """Read and check ``governor_*`` from a Celery ``app.conf``."""
+def load_settings(conf: Any, namespace: str | None = None) -> Settings:
+    """Read and check ``governor_*`` from a Celery ``app.conf``.
+
+    ``namespace``: the app's ``config_from_object(..., namespace="CELERY")`` (Django): errors
+    and warnings then also name a setting as it is written there, ``CELERY_GOVERNOR_QUEUES``.
+    """
+    _warn_unknown(conf, namespace)
+    try:
+        return _load(conf)
+    except ConfigError as exc:
+        if not namespace:
+            raise
+        raise ConfigError(_as_written(str(exc), namespace)) from None
+
+
+def _as_written(message: str, namespace: str) -> str:
+    """``message`` with the first setting it names followed by its namespaced name."""
+    found = re.search(r"\bgovernor_[a-z_]+", message)
+    if found is None:
+        return message
+    return f"{message} (set as {namespace}_{found.group().upper()})"
+
+
+def _load(conf: Any) -> Settings:
     get = conf.get
-    _warn_unknown(conf)
 
     def value(name: str) -> Any:
         """A setting with a check of its own: its value, checked (its default when unset)."""
@@ -171,13 +193,22 @@ def _check_together(values: dict[str, Any], replicas: bool) -> None:
         )
 
 
-def _warn_unknown(conf: Any) -> None:
-    """A ``governor_*`` setting nobody reads is a typo: say so (once per load), with a guess."""
+def _warn_unknown(conf: Any, namespace: str | None = None) -> None:
+    """A ``governor_*`` setting nobody reads is a typo: say so (once per load), with a guess.
+    With a ``namespace``, ``CELERY_GOVERNOR_*`` keys are checked too (written so, shown so)."""
+    marked = f"{namespace}_GOVERNOR_" if namespace else None
     try:
-        names = [k for k in conf if isinstance(k, str) and k.startswith("governor_")]
+        names = {
+            (k if k.startswith("governor_") else k[len(namespace or "") + 1 :].lower()): k
+            for k in conf
+            if isinstance(k, str)
+            and (k.startswith("governor_") or (marked is not None and k.startswith(marked)))
+        }
     except Exception:  # a conf without keys(): nothing to compare
         return
     for name in sorted(set(names) - set(BY_NAME)):
         guess = difflib.get_close_matches(name, BY_NAME, n=1)
+        if guess and names[name] != name:  # shown as written
+            guess = [f"{namespace}_{guess[0].upper()}"]
         hint = f"; did you mean {guess[0]}?" if guess else ""
-        logger.warning("governor: unknown setting %s is ignored%s", name, hint)
+        logger.warning("governor: unknown setting %s is ignored%s", names[name], hint)
