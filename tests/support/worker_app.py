@@ -84,12 +84,6 @@ _counted: dict[str, float | None] = {}
 """``counted_at`` of this process's admissions whose body has not started yet, by task id."""
 
 
-@signals.task_admitted.connect
-def _admitted(sender: Any = None, request: Any = None, counted_at: Any = None, **_: Any) -> None:
-    if request is not None:
-        _counted[request.id] = counted_at
-
-
 def _run(task: Task, n: int, **extra: Any) -> None:
     started = time.time()
     counted = _counted.pop(task.request.id, None)
@@ -135,8 +129,14 @@ def _failed(
 
 @signals.task_admitted.connect
 def _admitted(
-    sender: Any = None, request: Any = None, lateness: float | None = None, **_: Any
+    sender: Any = None,
+    request: Any = None,
+    lateness: float | None = None,
+    counted_at: float | None = None,
+    **_: Any,
 ) -> None:
+    if request is not None:
+        _counted[request.id] = counted_at  # the body picks it up (see _run)
     if lateness is not None:
         _record.rpush(f"{KEY}:lateness", lateness)
 
