@@ -225,7 +225,9 @@ def test_leases_under_a_generous_quota(
     assert not nodes.failures(), nodes.failures()[:3]
     assert len({r["id"] for r in runs}) == 600 and len(runs) == 600
     scripts = _scripts_run(store) - before
-    assert scripts < 200, f"{scripts} scripts for 600 tasks: leases were not used"
+    # without leases: one script a task (600 and more); a loaded machine lets more leases lapse
+    # unused (measured: 263 at load 6.7 on 2 cores), so the bound is half
+    assert scripts < 300, f"{scripts} scripts for 600 tasks: leases were not used"
     print(f"\n600 tasks, {scripts} scripts")
 
 
