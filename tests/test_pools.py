@@ -12,6 +12,7 @@ green threads). A task that then keeps the hub busy for 1.5 s shows the watch se
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -44,8 +45,8 @@ BLOCK = 1.5
 def test_every_capability_holds_on_the_pool(
     pool: str, nodes_factory: Any, redis_server: ServerHandle
 ) -> None:
-    if pool in GREEN:
-        pytest.importorskip(pool)
+    if pool in GREEN and importlib.util.find_spec(pool) is None:  # (not imported here)
+        pytest.skip(f"{pool} is not installed")
     count, concurrency, cap, sleep = POOLS[pool]
     broker = RedisBroker(redis_server.url(1))
     work = Work(hold=6 if pool in GREEN else 0)
