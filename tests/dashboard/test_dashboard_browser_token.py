@@ -1,7 +1,7 @@
-"""A token-protected dashboard in a real headless Chromium (as tests/test_dashboard_browser.py):
-logging in with the form, a link carrying the token followed from another site, logging out;
-and, with the browser resolving ``attacker.example`` and ``links.example`` to 127.0.0.1, a
-rebound name and another site's page trying to write (refused, session cookie or not).
+"""A token-protected dashboard in a real headless Chromium (as test_dashboard_browser.py):
+logging in with the form, a link carrying the token followed from another site, logging out; and,
+with the browser resolving ``attacker.example`` and ``links.example`` to 127.0.0.1, a rebound name
+and another site's page trying to write (refused, session cookie or not).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from .. import fork_guard
 from ..config.limit_config import limit_config
 from ..config.settings import Settings
 from ..config.store import Store
@@ -67,6 +68,8 @@ class FairDispatcher:
         self.batch = batch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._round = threading.Lock()
+        """Held through each look: a fork of the process waits for it (see .fork_guard)."""
 
     def dispatch_once(self) -> tuple[int, int, float]:
         """One look at every fair limit: (calls sent on, calls still waiting, seconds until
@@ -128,13 +131,15 @@ class FairDispatcher:
         pause = IDLE
         while not self._stop.wait(pause):
             try:
-                sent, waiting, wake = self.dispatch_once()
+                with self._round:
+                    sent, waiting, wake = self.dispatch_once()
                 pause = wake if waiting or sent else IDLE
             except Exception as exc:  # Redis or broker trouble: try again soon
                 logger.warning("governor: sending on fair-queue calls failed: %r", exc)
                 pause = IDLE
 
     def start(self) -> None:
+        fork_guard.guard(self._round)
         self._thread = threading.Thread(target=self.run, name="governor-fair", daemon=True)
         self._thread.start()
 
@@ -142,3 +147,4 @@ class FairDispatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        fork_guard.forget(self._round)

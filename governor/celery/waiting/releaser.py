@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from .. import signals
+from .. import fork_guard, signals
 from . import parking
 from .cap_line import CapSweeper
 from .envelope import open_envelope
@@ -57,6 +57,8 @@ class Releaser:
         """Parking shards to take from (``governor_parking_shards``)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._round = threading.Lock()
+        """Held through each round: a fork of the process waits for it (see .fork_guard)."""
 
     def release_once(self) -> int:
         """Take and publish what is due within the horizon; returns how many were published."""
@@ -87,18 +89,20 @@ class Releaser:
 
     def run(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                while self.release_once() >= self.batch and not self._stop.is_set():
-                    pass
-            except Exception as exc:  # Redis or broker trouble: try again next round
-                logger.warning("governor: releasing parked tasks failed: %r", exc)
-            if self.sweeper is not None:
+            with self._round:
                 try:
-                    self.sweeper.sweep_once()
-                except Exception as exc:
-                    logger.warning("governor: sweeping concurrency caps failed: %r", exc)
+                    while self.release_once() >= self.batch and not self._stop.is_set():
+                        pass
+                except Exception as exc:  # Redis or broker trouble: try again next round
+                    logger.warning("governor: releasing parked tasks failed: %r", exc)
+                if self.sweeper is not None:
+                    try:
+                        self.sweeper.sweep_once()
+                    except Exception as exc:
+                        logger.warning("governor: sweeping concurrency caps failed: %r", exc)
 
     def start(self) -> None:
+        fork_guard.guard(self._round)
         self._thread = threading.Thread(target=self.run, name="governor-releaser", daemon=True)
         self._thread.start()
 
@@ -106,3 +110,4 @@ class Releaser:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        fork_guard.forget(self._round)
