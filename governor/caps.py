@@ -28,6 +28,7 @@ __all__ = [
     "holder_text",
     "info_text",
     "new_token",
+    "token_text",
     "usage",
 ]
 
@@ -82,6 +83,23 @@ def holder_text(holder: object, what: str = "holder") -> str:
     if what == "holder" and any(c.isspace() for c in holder):
         raise SubjectError(f"a holder must not contain spaces, got {holder!r}")
     return holder
+
+
+def token_text(token: object) -> str:
+    """Validate a holder's token: text without spaces, at most MAX_TEXT characters, not "-"
+    (the token of a slot handed over and not yet taken)."""
+    if (
+        not isinstance(token, str)
+        or not token
+        or len(token) > MAX_TEXT
+        or token == "-"
+        or any(c.isspace() for c in token)
+    ):
+        raise SubjectError(
+            f"a holder's token must be a string of 1 to {MAX_TEXT} characters without spaces "
+            f"(not '-'), got {token!r:.80}"
+        )
+    return token
 
 
 def info_text(info: object) -> str:

@@ -308,17 +308,16 @@ class Limiter(LimiterBase):
         releases only with its token (never a slot taken over by another); a holder id with
         ``info`` releases the slot that holder took with that info (for a process that died).
         False when the slot was no longer held (its lease lapsed)."""
-        holder, token = (hold.holder, hold.token) if isinstance(hold, Hold) else (hold, "")
-        call = self._cap_call(
-            "release", subject, holder_text(holder), token=token, info=info, now=now
-        )
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("release", subject, holder, token=token, info=info, now=now)
         reply = self._eval(self._cap_ops, call)
         return int(reply[0]) == 1, handed(reply[3:])
 
     def renew(self, subject: Subject, hold: Hold, *, now: float | None = None) -> bool:
         """Extend a slot's lease by ``lease`` seconds from now; False if it is no longer held
         (it lapsed and was removed, or taken over)."""
-        call = self._cap_call("renew", subject, hold.holder, token=hold.token, now=now)
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("renew", subject, holder, token=token, now=now)
         return int(self._eval(self._cap_ops, call)[0]) == 1
 
     def wait(

@@ -146,15 +146,14 @@ class Limiter(LimiterBase):
     async def release(
         self, subject: Subject, hold: Hold | str, *, info: str = "", now: float | None = None
     ) -> tuple[bool, tuple[tuple[str, str], ...]]:
-        holder, token = (hold.holder, hold.token) if isinstance(hold, Hold) else (hold, "")
-        call = self._cap_call(
-            "release", subject, holder_text(holder), token=token, info=info, now=now
-        )
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("release", subject, holder, token=token, info=info, now=now)
         reply = await self._eval(self._cap_ops, call)
         return int(reply[0]) == 1, handed(reply[3:])
 
     async def renew(self, subject: Subject, hold: Hold, *, now: float | None = None) -> bool:
-        call = self._cap_call("renew", subject, hold.holder, token=hold.token, now=now)
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("renew", subject, holder, token=token, now=now)
         return int((await self._eval(self._cap_ops, call))[0]) == 1
 
     async def wait(
