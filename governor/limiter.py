@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from .caps import Waited, handed, holder_text, usage, waited
+from .caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
 from .core import Call, LimiterBase
 from .decision import CapUsage, Decision, Hold, Pause, Slot, Usage
 from .direct import Lane, NotSent, lane_for
@@ -325,17 +325,36 @@ class Limiter(LimiterBase):
     ) -> Waited:
         """Queue ``holder`` for a slot unless one is free for it now (then decide again).
         ``message`` is what a hand-over returns for the caller to publish (a Celery task's
-        message); "" queues a process that waits on its own (see :class:`Concurrency`)."""
+        message); "" queues a process that waits on its own (see :class:`Concurrency`). A
+        holder whose hand-over lapsed goes back to its place; a copy of a running holder waits
+        behind it (dropped when it releases, handed its slot if its lease lapses)."""
         call = self._cap_call("wait", subject, holder_text(holder), message=message, now=now)
         return waited(self._eval(self._cap_ops, call))
+
+    def leave(self, subject: Subject, holder: str, *, now: float | None = None) -> Left:
+        """``holder`` is gone and will not start (a task revoked, expired or unreadable; a
+        process that stops waiting): take it out of the line, pass on a slot handed to it,
+        forget its lapsed hand-over or its copy waiting behind a running holder. A running
+        holder's own slot is never touched. Says where it was and the message it left there
+        (to dead-letter), and which waiters a freed slot went to (publish them)."""
+        call = self._cap_call("cancel", subject, holder_text(holder), now=now)
+        return left(self._eval(self._cap_ops, call))
 
     def cancel(
         self, subject: Subject, holder: str, *, now: float | None = None
     ) -> tuple[bool, tuple[tuple[str, str], ...]]:
-        """Leave the queue (a slot handed to ``holder`` meanwhile is passed on)."""
-        call = self._cap_call("cancel", subject, holder_text(holder), now=now)
-        reply = self._eval(self._cap_ops, call)
-        return int(reply[0]) == 1, handed(reply[3:])
+        """Stop waiting (see :meth:`leave`): (whether it waited or was handed a slot, the
+        waiters a slot it gave up went to)."""
+        gone = self.leave(subject, holder, now=now)
+        return gone.gone, gone.handed
+
+    def lapsed(
+        self, subject: Subject, *, now: float | None = None
+    ) -> tuple[tuple[str, float], ...]:
+        """The oldest 100 hand-overs that lapsed (their holders never started on the slot, and
+        their messages have not come back): (holder, when it lapsed, Unix seconds). A message
+        that never comes (lost, or unreadable) stays until :meth:`leave` takes it."""
+        return lapsed(self._eval(self._cap_ops, self._cap_call("lapsed", subject, now=now)))
 
     def sweep(
         self, subject: Subject, *, now: float | None = None, configured: bool = True

@@ -1,6 +1,7 @@
 """Concurrency caps (cap.lua, cap_decide.lua, cap_ops.lua) against their reference model
 (models.Cap), operation by operation, with an explicit clock: alone, and together with a
-sliding log's rules (the cap is asked first; a slot is taken only when the rules admit)."""
+sliding log's rules (the cap is asked first; a slot is taken only when the rules admit).
+tests/test_cap_model.py drives the same scripts as a protocol, with copies and a broker."""
 
 from __future__ import annotations
 
@@ -138,8 +139,13 @@ def run(r: redis.Redis, prefix: str, rules: list[Rule], data: st.DataObject) -> 
             if why == "queued":
                 assert w.position == wait, where
         elif op == "cancel":
-            gone, handed = model.cancel(now, holder)
-            assert lim.cancel("s", holder, now=t) == (gone == 1, tuple(handed)), where
+            place, message, handed = model.leave(now, holder)
+            got_left = lim.leave("s", holder, now=t)
+            assert (got_left.place, got_left.message, list(got_left.handed)) == (
+                place,
+                message,
+                handed,
+            ), where
         elif op == "sweep":
             nxt, handed = model.sweep(now)
             got_next, got_handed = lim.sweep("s", now=t)
@@ -150,6 +156,9 @@ def run(r: redis.Redis, prefix: str, rules: list[Rule], data: st.DataObject) -> 
         assert [
             (h.holder, round(h.expires * 1000), h.fence, h.info, h.pending) for h in seen.holders
         ] == expected, where
+        assert [(h, round(at * 1000)) for h, at in lim.lapsed("s", now=t)] == (
+            model.lapsed_list()
+        ), where
         assert sum(1 for h in model.holders.values() if h["expiry"] > now // 1000) <= limit, where
 
 
