@@ -360,7 +360,8 @@ class Limiter(LimiterBase):
         self, subject: Subject, *, now: float | None = None, configured: bool = True
     ) -> tuple[float, tuple[tuple[str, str], ...]]:
         """Remove lapsed holders and hand their slots to waiters: (the next moment a sweep
-        could matter, Unix seconds, 0 when nobody waits; waiters handed a slot).
+        could matter, Unix seconds, 0 when nobody waits, in line or behind a holder; waiters
+        handed a slot).
         ``configured=False``: use the limit stored by the last waiter (this limiter's may
         be a stand-in)."""
         call = self._cap_call("sweep", subject, now=now, limit=configured)

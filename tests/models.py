@@ -799,9 +799,9 @@ class Cap:
         return nxt, out
 
     def lapsed_list(self) -> list[tuple[str, int]]:
-        return sorted(((k, v[0]) for k, v in self.lapsed.items()), key=lambda x: (x[1], x[0]))[
-            :100
-        ]
+        """The oldest 100 lapsed hand-overs: (id, when it lapsed in ms)."""
+        oldest = sorted((when, k) for k, (when, _place, _msg) in self.lapsed.items())
+        return [(k, when) for when, k in oldest[:100]]
 
     def usage(self) -> tuple[list[tuple[str, int, int, str, bool]], int]:
         """(holders as (id, expiry, fence, info, pending), oldest lease first; waiting)."""

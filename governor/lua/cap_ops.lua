@@ -15,7 +15,8 @@
 --          touched. Returns {where it was: 'waiting' | 'handed' | 'lapsed' | 'copy' | '', the
 --          message it left ('' = none), ...}
 -- sweep    remove lapsed holders and hand their slots over. Returns {the next moment a sweep
---          could matter (ms: the earliest lease, while anyone waits; 0: nobody waits), 0, ...}
+--          could matter (ms: the earliest lease, while anyone waits in line, behind a running
+--          holder or for a pending hand-over; 0: nobody does), 0, ...}
 -- lapsed   the oldest 100 lapsed hand-overs. Returns {now_ms, id, lapsed_ms, id, lapsed_ms...}
 -- usage    {now_ms, limit, waiting, then per holder: id, until_ms, entry} (the oldest first)
 -- "..." is now_ms, then (id, message) pairs of waiters handed a slot: the caller publishes them.
