@@ -23,16 +23,22 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_TEXT",
     "Cap",
+    "Left",
     "Waited",
     "handed",
     "holder_text",
     "info_text",
+    "lapsed",
+    "left",
     "new_token",
+    "token_text",
     "usage",
 ]
 
-CAP_SUFFIXES = ("ch", "cx", "cw", "cd")
-"""Key kinds of a cap: holders, their entries and waiting messages, waiters, done copies."""
+CAP_SUFFIXES = ("ch", "cx", "cw", "cd", "ck", "cl")
+"""Key kinds of a cap: holders, their entries and messages, waiters, holders that ran while a
+copy asked, holders with a message kept (pending hand-overs, copies behind running holders),
+lapsed hand-overs (see lua/cap.lua)."""
 MAX_CONCURRENCY = 1_000_000
 MAX_TEXT = 256
 """Longest holder id or holder info, in characters."""
@@ -84,6 +90,23 @@ def holder_text(holder: object, what: str = "holder") -> str:
     return holder
 
 
+def token_text(token: object) -> str:
+    """Validate a holder's token: text without spaces, at most MAX_TEXT characters, not "-"
+    (the token of a slot handed over and not yet taken)."""
+    if (
+        not isinstance(token, str)
+        or not token
+        or len(token) > MAX_TEXT
+        or token == "-"
+        or any(c.isspace() for c in token)
+    ):
+        raise SubjectError(
+            f"a holder's token must be a string of 1 to {MAX_TEXT} characters without spaces "
+            f"(not '-'), got {token!r:.80}"
+        )
+    return token
+
+
 def info_text(info: object) -> str:
     """What a holder says about itself: any text, cut to MAX_TEXT characters."""
     if not isinstance(info, str):
@@ -106,9 +129,10 @@ def handed(items: Sequence[Any]) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True, slots=True)
 class Waited:
-    """What ``wait`` did: ``status`` is ``"queued"`` (``position`` in the queue, 0 first),
-    ``"room"`` or ``"mine"`` (a slot is free for it now: decide again), ``"copy"`` (a live copy
-    holds a slot; ``estimate``: seconds until its lease ends) or ``"done"``."""
+    """What ``wait`` did: ``status`` is ``"queued"`` (``position`` in the queue, 0 first; a
+    copy of a running holder waits behind it, at 0), ``"room"`` or ``"mine"`` (a slot is free
+    for it now: decide again) or ``"done"`` (a copy of it ran: drop it). A copy is never told
+    to come back later (``"copy"``) any more, so ``estimate`` is 0.0."""
 
     status: str
     position: int
@@ -123,10 +147,36 @@ def waited(reply: Sequence[Any]) -> Waited:
     return Waited(
         status=status,
         position=value if status == "queued" else -1,
-        estimate=value / 1e6 if status == "copy" else 0.0,
+        estimate=0.0,
         now=int(reply[2]) / 1000,
         handed=handed(reply[3:]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Left:
+    """What ``leave`` did: ``place`` is where the holder was (``"waiting"`` in line,
+    ``"handed"`` a slot it never took, ``"lapsed"`` a hand-over that lapsed, ``"copy"`` a copy
+    waiting behind its running holder; ``""`` nowhere), ``message`` the message it left there
+    (``""`` for none: a waiting process), ``handed`` the waiters a freed slot went to."""
+
+    place: str
+    message: str
+    now: float
+    handed: tuple[tuple[str, str], ...]
+
+    @property
+    def gone(self) -> bool:
+        return bool(self.place)
+
+
+def left(reply: Sequence[Any]) -> Left:
+    return Left(_text(reply[0]), _text(reply[1]), int(reply[2]) / 1000, handed(reply[3:]))
+
+
+def lapsed(reply: Sequence[Any]) -> tuple[tuple[str, float], ...]:
+    """(holder, when its hand-over lapsed, Unix seconds) pairs, the oldest first."""
+    return tuple((_text(reply[i]), float(reply[i + 1]) / 1000) for i in range(1, len(reply) - 1, 2))
 
 
 def usage(reply: Sequence[Any]) -> CapUsage:
@@ -136,13 +186,13 @@ def usage(reply: Sequence[Any]) -> CapUsage:
         parts = _text(reply[i + 2]).split(" ", 4)
         if len(parts) < 5:
             continue
-        _token, since, fence, flags, info = parts
+        _token, since, n, flags, info = parts
         holders.append(
             Holder(
                 holder=_text(reply[i]),
                 since=int(since) / 1000,
                 expires=float(reply[i + 1]) / 1000,
-                fence=int(fence),
+                fence=0 if flags == "p" else int(n),  # a pending entry keeps its place in line
                 info=info,
                 pending=flags == "p",
             )

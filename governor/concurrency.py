@@ -255,7 +255,9 @@ class Concurrency:
         info: str = "",
     ) -> Permit | None:
         """Take a slot, waiting in line for one if ``blocking`` (at most ``timeout`` seconds).
-        None when none was free (not blocking) or the wait timed out."""
+        None when none was free (not blocking), the wait timed out, or another caller with the
+        same ``holder`` id held the slot while this one waited and has finished (the work that
+        id names is done)."""
         holder = holder_text(holder) if holder is not None else f"p-{new_token()}"
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         queued = False
@@ -266,7 +268,7 @@ class Concurrency:
                 if d.allowed and d.hold is not None:
                     queued = False
                     return self._permit(subject, d.hold)
-                if not blocking:
+                if not blocking or d.capped == "done":
                     return None
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -274,14 +276,15 @@ class Concurrency:
                 if d.capped is None:  # a manual block: it ends at a known moment
                     time.sleep(min(d.retry_after, left if left is not None else d.retry_after))
                     continue
-                if not queued:
-                    w = self.limiter.wait(subject, holder)
-                    self._passed_on(w.handed)
-                    queued = w.status == "queued"
-                    if not queued:
-                        continue
-                # a holder that died frees its slot when its lease ends: look then at the latest
-                self._block(subject, holder, left, d.retry_after)
+                # in line (again: a place lost to a lapse is taken anew), or behind a running
+                # holder with the same id: woken by Redis when a slot is handed to it
+                w = self.limiter.wait(subject, holder)
+                self._passed_on(w.handed)
+                queued = w.status == "queued"
+                if w.status == "done":
+                    return None
+                if queued:  # a holder that died frees its slot when its lease ends: look then
+                    self._block(subject, holder, left, d.retry_after)
         finally:
             if queued:  # timed out, or interrupted: leave the line (a slot handed over goes on)
                 with contextlib.suppress(GovernorError, RedisError):

@@ -14,7 +14,7 @@ from typing import Any
 from .algorithms import Algorithm, get_algorithm
 from .blocks import block_call, block_reason, parse_pause, pause_call
 from .blocks import us as _us
-from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token
+from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token, token_text
 from .decision import Decision, Hold, Pause, RuleUsage, Slot, Usage, seconds
 from .errors import ConfigError, CostError
 from .keys import Subject, check_name, subject_text, tag
@@ -225,13 +225,21 @@ class LimiterBase:
             return decision.hold
         return Hold("-", "-", 0, self.cap.lease)
 
+    @staticmethod
+    def _holder_token(hold: Hold | str) -> tuple[str, str]:
+        """(holder, token) a release names: a Hold's (its token checked), or a holder id with
+        token "" (released by its info)."""
+        if isinstance(hold, Hold):
+            return holder_text(hold.holder), token_text(hold.token)
+        return holder_text(hold), ""
+
     def _hold(self, holder: str | None, token: str | None) -> Hold | None:
         """Who a capped decision is for (a new holder id when none is given)."""
         if self.cap is None:
             return None
         return Hold(
             holder_text(holder) if holder is not None else f"h-{new_token()}",
-            token or new_token(),
+            token_text(token) if token else new_token(),
             0,
             self.cap.lease,
         )

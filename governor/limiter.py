@@ -8,19 +8,18 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from .caps import handed
-from .core import Call
-from .decision import Decision, Pause, Slot, Usage
+from .caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
+from .core import Call, LimiterBase
+from .decision import CapUsage, Decision, Hold, Pause, Slot, Usage
 from .direct import Lane, NotSent, lane_for
 from .keys import Subject, parse_key
-from .limiter_caps import CapOps
 from .rules import RuleSpec
 from .scripts import LuaScript
 
 __all__ = ["Limiter"]
 
 
-class Limiter(CapOps):
+class Limiter(LimiterBase):
     """Several rules over one subject space, decided atomically in Redis.
 
     >>> import redis
@@ -299,3 +298,76 @@ class Limiter(CapOps):
                     yield parts[1]
         except (RedisError, RedisClusterException) as exc:
             raise self._error(exc, [self._pattern()]) from exc
+
+    # -- concurrency caps -----------------------------------------------------------------
+
+    def release(
+        self, subject: Subject, hold: Hold | str, *, info: str = "", now: float | None = None
+    ) -> tuple[bool, tuple[tuple[str, str], ...]]:
+        """Give back a concurrency slot: (released, waiters handed a slot). A :class:`Hold`
+        releases only with its token (never a slot taken over by another); a holder id with
+        ``info`` releases the slot that holder took with that info (for a process that died).
+        False when the slot was no longer held (its lease lapsed)."""
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("release", subject, holder, token=token, info=info, now=now)
+        reply = self._eval(self._cap_ops, call)
+        return int(reply[0]) == 1, handed(reply[3:])
+
+    def renew(self, subject: Subject, hold: Hold, *, now: float | None = None) -> bool:
+        """Extend a slot's lease by ``lease`` seconds from now; False if it is no longer held
+        (it lapsed and was removed, or taken over)."""
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("renew", subject, holder, token=token, now=now)
+        return int(self._eval(self._cap_ops, call)[0]) == 1
+
+    def wait(
+        self, subject: Subject, holder: str, message: str = "", *, now: float | None = None
+    ) -> Waited:
+        """Queue ``holder`` for a slot unless one is free for it now (then decide again).
+        ``message`` is what a hand-over returns for the caller to publish (a Celery task's
+        message); "" queues a process that waits on its own (see :class:`Concurrency`). A
+        holder whose hand-over lapsed goes back to its place; a copy of a running holder waits
+        behind it (dropped when it releases, handed its slot if its lease lapses)."""
+        call = self._cap_call("wait", subject, holder_text(holder), message=message, now=now)
+        return waited(self._eval(self._cap_ops, call))
+
+    def leave(self, subject: Subject, holder: str, *, now: float | None = None) -> Left:
+        """``holder`` is gone and will not start (a task revoked, expired or unreadable; a
+        process that stops waiting): take it out of the line, pass on a slot handed to it,
+        forget its lapsed hand-over or its copy waiting behind a running holder. A running
+        holder's own slot is never touched. Says where it was and the message it left there
+        (to dead-letter), and which waiters a freed slot went to (publish them)."""
+        call = self._cap_call("cancel", subject, holder_text(holder), now=now)
+        return left(self._eval(self._cap_ops, call))
+
+    def cancel(
+        self, subject: Subject, holder: str, *, now: float | None = None
+    ) -> tuple[bool, tuple[tuple[str, str], ...]]:
+        """Stop waiting (see :meth:`leave`): (whether it waited or was handed a slot, the
+        waiters a slot it gave up went to)."""
+        gone = self.leave(subject, holder, now=now)
+        return gone.gone, gone.handed
+
+    def lapsed(
+        self, subject: Subject, *, now: float | None = None
+    ) -> tuple[tuple[str, float], ...]:
+        """The oldest 100 hand-overs that lapsed (their holders never started on the slot, and
+        their messages have not come back): (holder, when it lapsed, Unix seconds). A message
+        that never comes (lost, or unreadable) stays until :meth:`leave` takes it."""
+        return lapsed(self._eval(self._cap_ops, self._cap_call("lapsed", subject, now=now)))
+
+    def sweep(
+        self, subject: Subject, *, now: float | None = None, configured: bool = True
+    ) -> tuple[float, tuple[tuple[str, str], ...]]:
+        """Remove lapsed holders and hand their slots to waiters: (the next moment a sweep
+        could matter, Unix seconds, 0 when nobody waits, in line or behind a holder; waiters
+        handed a slot).
+        ``configured=False``: use the limit stored by the last waiter (this limiter's may
+        be a stand-in)."""
+        call = self._cap_call("sweep", subject, now=now, limit=configured)
+        reply = self._eval(self._cap_ops, call)
+        return int(reply[0]) / 1000, handed(reply[3:])
+
+    def holders(self, subject: Subject, *, now: float | None = None) -> CapUsage:
+        """The subject's concurrency slots: who holds them, since when, and how many wait."""
+        return usage(self._eval(self._cap_ops, self._cap_call("usage", subject, now=now)))

@@ -81,18 +81,14 @@ def run_script(client: Any, script: LuaScript, keys: list[str], args: list[Any])
         raise StorageUnavailable(f"Redis did not answer ({script.name}.lua): {exc}") from exc
 
 
-NO_RULES = """local function rate()
-  local untl, reason = read_block()
-  if untl then return blocked_reply(untl, reason) end
-end"""
-"""The rules part of a cap without rules: only a manual block denies."""
-
-
 @cache
 def capped_script(algorithm: str | None) -> LuaScript:
     """A decision under rules (``algorithm``; None: no rules) and a concurrency cap at once:
     the algorithm runs as a function, ``rate()``, between the cap's check and its taking."""
-    rate = NO_RULES if algorithm is None else f"local function rate()\n{_read(algorithm)}\nend"
+    if algorithm is None:
+        rate = _read("cap_none")  # a cap without rules: only a block denies; bookings hold nothing
+    else:
+        rate = f"local function rate()\n{_read(algorithm)}\nend"
     parts = [_read("common"), _read("cap"), rate, _read("cap_decide")]
     return _make(f"capped_{algorithm or 'none'}", "\n".join(parts))
 

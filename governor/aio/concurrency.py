@@ -166,7 +166,7 @@ class Concurrency:
                     permit = Permit(self.limiter, subject, d.hold, on_lost=self.on_lost)
                     permit._start()
                     return permit
-                if not blocking:
+                if not blocking or d.capped == "done":
                     return None
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -176,13 +176,12 @@ class Concurrency:
                         min(d.retry_after, left if left is not None else d.retry_after)
                     )
                     continue
-                if not queued:
-                    w = await self.limiter.wait(subject, holder)
-                    queued = w.status == "queued"
-                    if not queued:
-                        continue
-                # a holder that died frees its slot when its lease ends: look then at the latest
-                await self._block(subject, holder, left, d.retry_after)
+                w = await self.limiter.wait(subject, holder)  # (again, see the sync twin)
+                queued = w.status == "queued"
+                if w.status == "done":
+                    return None
+                if queued:  # a holder that died frees its slot when its lease ends: look then
+                    await self._block(subject, holder, left, d.retry_after)
         finally:
             if queued:
                 with contextlib.suppress(GovernorError, RedisError):

@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from ..caps import Waited, handed, holder_text, usage, waited
+from ..caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
 from ..core import Call, LimiterBase
 from ..decision import CapUsage, Decision, Hold, Pause, Slot, Usage
 from ..keys import Subject, parse_key
@@ -146,15 +146,14 @@ class Limiter(LimiterBase):
     async def release(
         self, subject: Subject, hold: Hold | str, *, info: str = "", now: float | None = None
     ) -> tuple[bool, tuple[tuple[str, str], ...]]:
-        holder, token = (hold.holder, hold.token) if isinstance(hold, Hold) else (hold, "")
-        call = self._cap_call(
-            "release", subject, holder_text(holder), token=token, info=info, now=now
-        )
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("release", subject, holder, token=token, info=info, now=now)
         reply = await self._eval(self._cap_ops, call)
         return int(reply[0]) == 1, handed(reply[3:])
 
     async def renew(self, subject: Subject, hold: Hold, *, now: float | None = None) -> bool:
-        call = self._cap_call("renew", subject, hold.holder, token=hold.token, now=now)
+        holder, token = self._holder_token(hold)
+        call = self._cap_call("renew", subject, holder, token=token, now=now)
         return int((await self._eval(self._cap_ops, call))[0]) == 1
 
     async def wait(
@@ -163,12 +162,20 @@ class Limiter(LimiterBase):
         call = self._cap_call("wait", subject, holder_text(holder), message=message, now=now)
         return waited(await self._eval(self._cap_ops, call))
 
+    async def leave(self, subject: Subject, holder: str, *, now: float | None = None) -> Left:
+        call = self._cap_call("cancel", subject, holder_text(holder), now=now)
+        return left(await self._eval(self._cap_ops, call))
+
     async def cancel(
         self, subject: Subject, holder: str, *, now: float | None = None
     ) -> tuple[bool, tuple[tuple[str, str], ...]]:
-        call = self._cap_call("cancel", subject, holder_text(holder), now=now)
-        reply = await self._eval(self._cap_ops, call)
-        return int(reply[0]) == 1, handed(reply[3:])
+        gone = await self.leave(subject, holder, now=now)
+        return gone.gone, gone.handed
+
+    async def lapsed(
+        self, subject: Subject, *, now: float | None = None
+    ) -> tuple[tuple[str, float], ...]:
+        return lapsed(await self._eval(self._cap_ops, self._cap_call("lapsed", subject, now=now)))
 
     async def sweep(
         self, subject: Subject, *, now: float | None = None, configured: bool = True

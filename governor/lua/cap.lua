@@ -1,5 +1,5 @@
 -- cap.lua: a concurrency cap over one subject: at most `limit` holders at once. Shared by the
--- capped decision script (common.lua, cap.lua, the algorithm as `rate()`, cap_decide.lua) and
+-- capped decision script (common.lua, cap.lua, the rules as `rate()`, cap_decide.lua) and
 -- the cap's own operations (common.lua, cap.lua, cap_ops.lua); see governor/scripts.py.
 --
 -- A slot is a lease held by a holder id (a Celery task: "<task id>:<retries>"), not a count:
@@ -7,19 +7,32 @@
 -- the cap removes lapsed holders first. Waiters queue in arrival order; whatever frees a slot
 -- hands it to the oldest waiter at once (it becomes a holder, pending until it starts).
 --
--- KEYS[3]  ZSET holders: holder id -> lease expiry (ms)
--- KEYS[4]  HASH: "h<id>" -> "<token> <since_ms> <fence> <flags> <info>" per holder (flags: p =
---          handed over, not started yet; c = a copy of it asked while it held; - = none);
+-- A waiter's message is published once, when it is handed a slot, and never again by a sweep:
+-- a hand-over whose holder does not start within one lease (its message is late, lost,
+-- revoked, expired or unreadable) lapses, and the slot goes on. The lapsed waiter keeps its
+-- message and its place in line here: when its message does arrive, it takes a free slot or
+-- goes back to the head of the line. A copy that arrives while its holder runs waits here too
+-- (not in the broker): it is dropped when the holder releases, and handed the slot if the
+-- holder's lease lapses. So at most one copy of a holder's message is ever out at a time.
+--
+-- KEYS[3]  ZSET holders: holder id -> lease expiry (ms): running, or pending a hand-over
+-- KEYS[4]  HASH: "h<id>" -> "<token> <since_ms> <n> <flags> <info>" per holder; flags: '-'
+--          running, 'c' running and a copy of it asked, 'u' running and a copy of it waits
+--          (its message in "p<id>"), 'p' handed over and not started (its message, if any, in
+--          "p<id>"), 'l' a hand-over that lapsed (not a holder; its message in "p<id>");
+--          n is the fencing token of a running holder, the place in line of the others;
 --          "w<id>" -> a waiter's message ("" for a waiting process, woken by KEYS[3]'s
---          "...:cq:<id>" list); "p<id>" -> a handed-over waiter's message until it starts;
---          "fence" -> the last fencing token; "seq" -> the last waiter number;
---          "cfg" -> "<limit> <lease_ms>" (for sweeps, which are not told them)
--- KEYS[5]  ZSET waiters: id -> arrival number (oldest first)
--- KEYS[6]  ZSET done: id -> until (ms): holders that finished while a copy of them waited
+--          "...:cq:<id>" list); "fence" -> the last fencing token; "seq" -> the last place in
+--          line; "cfg" -> "<limit> <lease_ms>" (for sweeps, which are not told them)
+-- KEYS[5]  ZSET waiters: id -> place in line (oldest first)
+-- KEYS[6]  ZSET done: id -> until (ms): holders that finished while a copy of them asked
+-- KEYS[7]  ZSET kept: id -> since (ms): holders with a message in "p<id>" ('p', 'u'), which a
+--          sweep must look at when their lease ends
+-- KEYS[8]  ZSET lapsed: id -> when its hand-over lapsed (ms)
 -- ARGV     the decision's (common.lua), then six more: limit ('' = from cfg), lease_us,
 --          holder id, token, info (free text for operators), message ('' = none)
 local cap_at = #ARGV - 5
-local HK, XK, WK, DK = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local HK, XK, WK, DK, KK, LK = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local holder, token, info, message =
   ARGV[cap_at + 2], ARGV[cap_at + 3], ARGV[cap_at + 4], ARGV[cap_at + 5]
 local cap_limit, lease_ms = tonumber(ARGV[cap_at]), ceil(tonumber(ARGV[cap_at + 1]) / 1000)
@@ -30,86 +43,129 @@ if not cap_limit then
 end
 local now_ms = math.floor(now / 1000)
 local expires = fmt(now_ms + lease_ms)
+-- A holder a copy asked about while it ran is refused as done this long after it released (a
+-- copy that asked waits in Redis, and a waiting process asks again within a lease).
+local done_ms = 2 * lease_ms
 
--- A holder's entry: token, since_ms, fence, flags, info; or nil.
+-- A holder's entry: token, since, n, flags, info; or nil.
 local function entry(id)
   local v = redis.call('HGET', XK, 'h' .. id)
   if not v then return nil end
-  local t, s, f, fl, rest = string.match(v, '^(%S+) (%-?%d+) (%d+) (%S) (.*)$')
+  local t, s, n, fl, rest = string.match(v, '^(%S+) (%-?%d+) (%d+) (%S) (.*)$')
   if not t then return error('governor: corrupt concurrency holder at ' .. XK) end
-  return {token = t, since = s, fence = f, flags = fl, info = rest}
+  return {token = t, since = s, n = n, flags = fl, info = rest}
 end
 
-local function put(id, t, since, fence, flags, text)
-  redis.call('HSET', XK, 'h' .. id, t .. ' ' .. since .. ' ' .. fence .. ' ' .. flags .. ' ' .. text)
+local function put(id, t, since, n, flags, text)
+  redis.call('HSET', XK, 'h' .. id, t .. ' ' .. since .. ' ' .. n .. ' ' .. flags .. ' ' .. text)
 end
 
+-- Forget a holder (running or pending) and the message kept for it.
 local function drop(id)
   redis.call('ZREM', HK, id)
+  redis.call('ZREM', KK, id)
   redis.call('HDEL', XK, 'h' .. id, 'p' .. id)
 end
 
--- Hand free slots to the oldest waiters. A waiter's message goes into `out` (id, message) for
--- the caller to publish; a waiting process is woken through its list.
+local function wake(id)
+  local key = string.sub(HK, 1, -3) .. 'cq:' .. id
+  redis.call('RPUSH', key, '1')
+  redis.call('PEXPIRE', key, ttl_ms(lease_ms * 1000))
+end
+
+-- Hand a slot to `id` (its place in line: n), pending until it starts: a message goes into
+-- `out` (id, message) for the caller to publish, a waiting process ("") is woken.
+local function hand(id, msg, n, out)
+  redis.call('ZADD', HK, expires, id)
+  put(id, '-', now_ms, n, 'p', 'handed over')
+  if msg == '' then
+    redis.call('ZREM', KK, id)
+    redis.call('HDEL', XK, 'p' .. id)
+    wake(id)
+  else
+    redis.call('ZADD', KK, now_ms, id)
+    redis.call('HSET', XK, 'p' .. id, msg)
+    out[#out + 1] = id
+    out[#out + 1] = msg
+  end
+end
+
+-- Hand free slots to the oldest waiters.
 local function hand_over(out)
   local room = cap_limit - redis.call('ZCARD', HK)
   while room > 0 do
-    local id = redis.call('ZRANGE', WK, '0', '0')[1]
+    local first = redis.call('ZRANGE', WK, '0', '0', 'WITHSCORES')
+    local id = first[1]
     if not id then return end
     redis.call('ZREM', WK, id)
     local msg = redis.call('HGET', XK, 'w' .. id)
     if msg then
       redis.call('HDEL', XK, 'w' .. id)
-      redis.call('ZADD', HK, expires, id)
-      put(id, '-', now_ms, 0, 'p', 'handed over')
-      if msg == '' then
-        local wake = string.sub(HK, 1, -3) .. 'cq:' .. id
-        redis.call('RPUSH', wake, '1')
-        redis.call('PEXPIRE', wake, ttl_ms(lease_ms * 1000))
-      else
-        redis.call('HSET', XK, 'p' .. id, msg)
-        out[#out + 1] = id
-        out[#out + 1] = msg
-      end
+      hand(id, msg, first[2], out)
       room = room - 1
     end
   end
 end
 
--- Remove holders whose lease lapsed (a handed-over task that never came is handed again: its
--- message goes out once more), then fill free slots from the waiters.
+-- A pending hand-over that will not be started now: the slot is given up. A waiter with a
+-- message keeps it, and its place, until that message arrives (or it leaves); a waiting
+-- process is forgotten (it asks, and queues, again).
+local function lapse(id, e)
+  local msg = redis.call('HGET', XK, 'p' .. id)
+  redis.call('ZREM', HK, id)
+  redis.call('ZREM', KK, id)
+  if msg then
+    put(id, '-', now_ms, e.n, 'l', 'lapsed')
+    redis.call('ZADD', LK, now_ms, id)
+  else
+    redis.call('HDEL', XK, 'h' .. id)
+  end
+end
+
+-- Remove holders whose lease lapsed: a pending hand-over lapses, a holder that died leaves
+-- its slot to the copy of it that waits (if one does); then fill free slots from the line.
 local function sweep(out)
   local lapsed = redis.call('ZRANGEBYSCORE', HK, '-inf', fmt(now_ms), 'LIMIT', '0', '100')
   for _, id in ipairs(lapsed) do
-    local msg = redis.call('HGET', XK, 'p' .. id)
-    if msg then
-      redis.call('ZADD', HK, expires, id)
-      out[#out + 1] = id
-      out[#out + 1] = msg
+    local e = entry(id)
+    if e and e.flags == 'p' then
+      lapse(id, e)
+    elseif e and e.flags == 'u' then
+      hand(id, redis.call('HGET', XK, 'p' .. id) or '', '0', out)
     else
       drop(id)
     end
   end
+  redis.call('ZREMRANGEBYSCORE', DK, '-inf', fmt(now_ms))
   if redis.call('ZCARD', WK) > 0 then hand_over(out) end
 end
 
+-- The wait until a slot could free (us): the earliest lease's end.
+local function estimate()
+  local first = redis.call('ZRANGE', HK, '0', '0', 'WITHSCORES')[2]
+  return first and max(0, (tonumber(first) - now_ms) * 1000) or lease_ms * 1000
+end
+
 -- Whether `holder` may take a slot: 'room', 'mine' (handed over to it), 'full', 'copy' (a live
--- copy of it holds one), 'done' (it finished while a copy waited); and for the last three,
--- the wait until a lease lapses (us), the estimate of a slot's freeing.
+-- copy of it holds one), 'done' (it finished while a copy asked); the wait until a lease
+-- lapses (us: an estimate of a slot's freeing); its entry. A lapsed hand-over comes first.
 local function verdict(live_only)
   local until_ms = tonumber(redis.call('ZSCORE', DK, holder))
   if until_ms and until_ms > now_ms then return 'done', -1 end
-  local e = entry(holder)
-  if e then
-    local exp = tonumber(redis.call('ZSCORE', HK, holder))
-    if e.flags == 'p' then return 'mine', 0 end
-    if exp and exp > now_ms then return 'copy', (exp - now_ms) * 1000, e end
-  end
   local held = live_only and redis.call('ZCOUNT', HK, '(' .. fmt(now_ms), '+inf')
     or redis.call('ZCARD', HK)
+  local e = entry(holder)
+  if e and e.flags == 'p' then return 'mine', 0, e end
+  if e and e.flags == 'l' then
+    if held < cap_limit then return 'room', 0, e end
+    return 'full', estimate(), e
+  end
+  if e then
+    local exp = tonumber(redis.call('ZSCORE', HK, holder))
+    if exp and exp > now_ms then return 'copy', (exp - now_ms) * 1000, e end
+  end
   if held < cap_limit and redis.call('ZCARD', WK) == 0 then return 'room', 0 end
-  local first = redis.call('ZRANGE', HK, '0', '0', 'WITHSCORES')[2]
-  return 'full', first and max(0, (tonumber(first) - now_ms) * 1000) or lease_ms * 1000
+  return 'full', estimate()
 end
 
 -- A fencing token: larger than every one given before on this subject (while its state lives,
@@ -120,18 +176,22 @@ local function next_fence()
   return f
 end
 
--- Expiry: holders and their entries live as long as the last lease; waiters never expire.
+-- Expiry: holders and their entries live as long as the last lease, unless messages are kept
+-- (waiters, copies, lapsed hand-overs): those never expire.
 local function finish()
+  local keep = redis.call('ZCARD', WK) > 0 or redis.call('ZCARD', KK) > 0
+    or redis.call('ZCARD', LK) > 0
+  if keep then
+    redis.call('PERSIST', XK)
+    redis.call('PERSIST', HK)
+    return
+  end
   local last = redis.call('ZRANGE', HK, '-1', '-1', 'WITHSCORES')[2]
-  local waiting = redis.call('ZCARD', WK) > 0
   if last then
     local ttl = ttl_ms((tonumber(last) - now_ms + 1000) * 1000)
     redis.call('PEXPIRE', HK, ttl)
-    if not waiting then redis.call('PEXPIRE', XK, ttl) end
-  end
-  if waiting then
-    redis.call('PERSIST', XK)
-  elseif not last then
+    redis.call('PEXPIRE', XK, ttl)
+  else
     redis.call('DEL', XK)
   end
 end

@@ -1,10 +1,12 @@
 -- cap_decide.lua: a decision under rules and a concurrency cap at once (after common.lua,
--- cap.lua and the algorithm wrapped as `rate()`, which returns its decision, or nil when the
--- limit has no rules). See cap.lua for KEYS[3..6] and the extra ARGV.
+-- cap.lua and the rules as `rate()`, which returns their decision, or nil to admit: see
+-- cap_none.lua for a cap without rules). See cap.lua for KEYS[3..8] and the extra ARGV.
 --
 -- The cap is asked first; only when it has a slot for the holder are the rules asked, and
 -- the slot is taken only when they admit too (all or nothing). A booking claimed while the cap
--- is full is given back in this call. peek changes nothing.
+-- is full is given back in this call. A slot handed to the holder that a rule or a block
+-- denies now lapses at once (the slot goes on; the holder keeps its place for when it comes
+-- back), except a waiting process's, which it keeps until its lease ends. peek changes nothing.
 -- refund gives back the rules' part (rate() with op refund) and the holder's slot, if its
 -- token matches: {'1', 0, 0, handed pairs...}.
 -- Returns {decision (common.lua's string; a cap denial has rule -2 and reason full, copy or
@@ -14,7 +16,7 @@ local out = {}
 if op == 'refund' then  -- give back the rules' admission or booking, and the slot if it took one
   rate()
   local e = entry(holder)
-  if e and e.token == token then drop(holder) end
+  if e and token ~= '-' and e.token == token then drop(holder) end
   sweep(out)
   finish()
   return {'1', 0, 0, unpack(out)}
@@ -28,15 +30,19 @@ if why == 'room' or why == 'mine' then
     if string.byte(reply, 1) == 49 then  -- '1': admitted, so it takes the slot
       fence = next_fence()
       redis.call('ZADD', HK, expires, holder)
+      redis.call('ZREM', KK, holder)
+      redis.call('ZREM', LK, holder)
       redis.call('HDEL', XK, 'p' .. holder)
       put(holder, token, now_ms, fmt(fence), '-', info)
-    elseif why == 'mine' then  -- a slot was handed to it, but a rule denies: pass it on
-      drop(holder)
+    elseif why == 'mine' and redis.call('HEXISTS', XK, 'p' .. holder) == 1 then
+      lapse(holder, e)  -- its message goes back to wait (the caller sends it): pass the slot on
       hand_over(out)
     end
   end
 else
-  if why == 'copy' and op ~= 'peek' then put(holder, e.token, e.since, e.fence, 'c', e.info) end
+  if why == 'copy' and op ~= 'peek' and e.flags == '-' then
+    put(holder, e.token, e.since, e.n, 'c', e.info)
+  end
   if op == 'claim' then
     op = 'refund'  -- the booking it came to claim goes back: it cannot start now
     rate()

@@ -1,15 +1,23 @@
 -- cap_ops.lua: what happens to a concurrency cap besides decisions (after common.lua, with no
--- rules, and cap.lua; see there for KEYS[3..6] and the extra ARGV). ARGV[2] is the operation:
+-- rules, and cap.lua; see there for KEYS[3..8] and the extra ARGV). ARGV[2] is the operation:
 --
 -- release  give up `holder`'s slot: its token must match (or, with token '', its info: the
 --          worker's main process releasing for a pool process that died); the oldest waiter
---          gets it. Returns {1 (released) | 0 (not held: lapsed or taken over), 0, ...}
+--          gets it; a copy of it that waits is dropped (it ran). Returns {1 (released) | 0
+--          (not held: lapsed or taken over), 0, ...}
 -- renew    extend `holder`'s lease if its token matches. Returns {1 | 0, until_ms}
--- wait     queue `holder` with `message` unless a slot is free for it now. Returns {'queued'
---          | 'room' | 'mine' | 'copy' | 'done', position (0-based) or wait estimate (us), ...}
--- cancel   leave the queue (a slot handed over meanwhile is passed on). Returns {1 | 0, 0, ...}
+-- wait     queue `holder` with `message` unless a slot is free for it now; a lapsed hand-over
+--          goes back to its place; a copy of a running holder waits behind it. Returns
+--          {'queued' | 'room' | 'mine' | 'done', position (0-based; 0 behind its holder), ...}
+-- cancel   `holder` is gone (a process that stops waiting; a task revoked, expired or
+--          unreadable): out of the line, a slot handed to it passed on, its lapsed hand-over
+--          or its copy behind a running holder forgotten; a running holder's own slot is never
+--          touched. Returns {where it was: 'waiting' | 'handed' | 'lapsed' | 'copy' | '', the
+--          message it left ('' = none), ...}
 -- sweep    remove lapsed holders and hand their slots over. Returns {the next moment a sweep
---          could matter (ms: the earliest lease, while anyone waits; 0: nobody waits), 0, ...}
+--          could matter (ms: the earliest lease, while anyone waits in line, behind a running
+--          holder or for a pending hand-over; 0: nobody does), 0, ...}
+-- lapsed   the oldest 100 lapsed hand-overs. Returns {now_ms, id, lapsed_ms, id, lapsed_ms...}
 -- usage    {now_ms, limit, waiting, then per holder: id, until_ms, entry} (the oldest first)
 -- "..." is now_ms, then (id, message) pairs of waiters handed a slot: the caller publishes them.
 local out = {}
@@ -30,6 +38,13 @@ if op == 'usage' then
   return r
 end
 
+if op == 'lapsed' then
+  local r = {now_ms}
+  local lapsed = redis.call('ZRANGE', LK, '0', '99', 'WITHSCORES')
+  for i = 1, #lapsed do r[#r + 1] = lapsed[i] end
+  return r
+end
+
 if op == 'renew' then
   local e = entry(holder)
   if not e or e.token ~= token or not redis.call('ZSCORE', HK, holder) then return {0, 0} end
@@ -40,17 +55,18 @@ end
 
 if op == 'release' then
   local e = entry(holder)
-  if not e or e.flags == 'p' or (token ~= '' and e.token ~= token)
+  if not e or e.flags == 'p' or e.flags == 'l' or (token ~= '' and e.token ~= token)
     or (token == '' and e.info ~= info) then
     sweep(out)
     finish()
     return reply(0, 0)
   end
+  local copy = e.flags == 'u' and redis.call('HGET', XK, 'p' .. holder)
   drop(holder)
-  if e.flags == 'c' then  -- a copy of it is waiting: it must not run once this one is done
-    redis.call('ZREMRANGEBYSCORE', DK, '-inf', fmt(now_ms))
-    redis.call('ZADD', DK, fmt(now_ms + 2 * lease_ms), holder)
-    redis.call('PEXPIRE', DK, ttl_ms(2 * lease_ms * 1000))
+  if e.flags ~= '-' then  -- a copy of it asked or waits: it must not run now that this one ran
+    redis.call('ZADD', DK, fmt(now_ms + done_ms), holder)
+    redis.call('PEXPIRE', DK, ttl_ms(done_ms * 1000))
+    if copy == '' then wake(holder) end  -- a waiting process hears it at once
   end
   sweep(out)
   finish()
@@ -61,36 +77,58 @@ if op == 'wait' then
   sweep(out)
   local why, wait, e = verdict(false)
   if why == 'full' then
-    if not redis.call('ZSCORE', WK, holder) then
+    if e and e.flags == 'l' then  -- its hand-over lapsed: back to its place in line
+      redis.call('ZREM', LK, holder)
+      redis.call('HDEL', XK, 'h' .. holder, 'p' .. holder)
+      redis.call('ZADD', WK, e.n, holder)
+    elseif not redis.call('ZSCORE', WK, holder) then
       redis.call('ZADD', WK, redis.call('HINCRBY', XK, 'seq', 1), holder)
     end
-    redis.call('HSET', XK, 'w' .. holder, message, 'cfg', fmt(cap_limit) .. ' ' .. fmt(lease_ms))
+    redis.call('HSET', XK, 'w' .. holder, message)
     why, wait = 'queued', redis.call('ZRANK', WK, holder)
-  elseif why == 'copy' then
-    put(holder, e.token, e.since, e.fence, 'c', e.info)
+  elseif why == 'copy' then  -- behind its running copy: handed its slot if that one dies
+    put(holder, e.token, e.since, e.n, 'u', e.info)
+    redis.call('HSET', XK, 'p' .. holder, message)
+    redis.call('ZADD', KK, now_ms, holder)
+    why, wait = 'queued', 0
+  end
+  if why == 'queued' then
+    redis.call('HSET', XK, 'cfg', fmt(cap_limit) .. ' ' .. fmt(lease_ms))
   end
   finish()
   return reply(why, wait)
 end
 
 if op == 'cancel' then
-  local gone = redis.call('ZREM', WK, holder)
+  local where, left = '', nil
+  if redis.call('ZREM', WK, holder) == 1 then
+    where, left = 'waiting', redis.call('HGET', XK, 'w' .. holder)
+  end
   redis.call('HDEL', XK, 'w' .. holder)
   local e = entry(holder)
-  if gone == 0 and e and e.flags == 'p' then  -- handed a slot meanwhile: pass it on
+  if e and e.flags == 'p' then  -- handed a slot it never took: pass it on
+    where, left = 'handed', redis.call('HGET', XK, 'p' .. holder)
     drop(holder)
-    gone = 1
+  elseif e and e.flags == 'l' then
+    where, left = 'lapsed', redis.call('HGET', XK, 'p' .. holder)
+    redis.call('ZREM', LK, holder)
+    redis.call('HDEL', XK, 'h' .. holder, 'p' .. holder)
+  elseif e and e.flags == 'u' then  -- the copy behind it is gone; the holder runs on
+    where, left = 'copy', redis.call('HGET', XK, 'p' .. holder)
+    redis.call('ZREM', KK, holder)
+    redis.call('HDEL', XK, 'p' .. holder)
+    put(holder, e.token, e.since, e.n, 'c', e.info)
   end
   sweep(out)
   finish()
-  return reply(gone, 0)
+  return reply(where, left or '')
 end
 
 if op == 'sweep' then
   sweep(out)
   finish()
   local next_ms = 0
-  if redis.call('ZCARD', WK) > 0 then
+  if redis.call('ZCARD', WK) > 0 or redis.call('ZCARD', KK) > 0 then
     next_ms = tonumber(redis.call('ZRANGE', HK, '0', '0', 'WITHSCORES')[2] or now_ms)
   end
   return reply(next_ms, 0)

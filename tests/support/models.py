@@ -557,8 +557,10 @@ MODELS = {
 
 class Cap:
     """A concurrency cap (cap.lua, cap_decide.lua, cap_ops.lua) over one subject, stated
-    plainly: holders with leases, waiters in a list, copies that finished. Times: ``now`` in
-    microseconds, leases and expiries in milliseconds, as the scripts keep them.
+    plainly: holders with leases, waiters in a line, messages kept for holders (a pending
+    hand-over's, a copy's behind its running holder), lapsed hand-overs, copies that finished.
+    Times: ``now`` in microseconds, leases and expiries in milliseconds, as the scripts keep
+    them.
 
     ``rate`` (a model above, or None) is asked only when the cap has a slot for the holder;
     the slot is taken only when it admits.
@@ -566,76 +568,98 @@ class Cap:
 
     def __init__(self, limit: int, lease_ms: int, rate: Any = None) -> None:
         self.limit, self.lease, self.rate = limit, lease_ms, rate
-        self.holders: dict[
-            str, dict[str, Any]
-        ] = {}  # id -> token, since, expiry, fence, flags, info
-        self.pending: dict[str, str] = {}  # handed-over waiter -> its message
-        self.waiters: list[str] = []
+        # id -> token, since, expiry, fence (a running holder's) or place (in line), flags, info
+        self.holders: dict[str, dict[str, Any]] = {}
+        self.kept: dict[str, str] = {}  # pending hand-over or copy behind a holder -> message
+        self.waiters: dict[str, int] = {}  # id -> place in line
         self.messages: dict[str, str] = {}
+        self.lapsed: dict[str, tuple[int, int, str]] = {}  # id -> (when, place, message)
         self.done: dict[str, int] = {}
         self.fence = 0
+        self.seq = 0
 
     # -- the shared parts (cap.lua) ----------------------------------------------------------
 
     def _drop(self, holder: str) -> None:
         self.holders.pop(holder, None)
-        self.pending.pop(holder, None)
+        self.kept.pop(holder, None)
+
+    def _line(self) -> list[str]:
+        return sorted(self.waiters, key=lambda k: (self.waiters[k], k))
+
+    def _hand(self, holder: str, msg: str, place: int, now_ms: int, out: list[Any]) -> None:
+        self.holders[holder] = dict(
+            token="-",
+            since=now_ms,
+            expiry=now_ms + self.lease,
+            fence=place,
+            flags="p",
+            info="handed over",
+        )
+        self.kept.pop(holder, None)
+        if msg != "":
+            self.kept[holder] = msg
+            out.append((holder, msg))
 
     def _hand_over(self, now_ms: int, out: list[tuple[str, str]]) -> None:
         room = self.limit - len(self.holders)
         while room > 0 and self.waiters:
-            holder = self.waiters.pop(0)
+            holder = self._line()[0]
+            place = self.waiters.pop(holder)
             msg = self.messages.pop(holder, None)
             if msg is None:
                 continue
-            self.holders[holder] = dict(
-                token="-",
-                since=now_ms,
-                expiry=now_ms + self.lease,
-                fence=0,
-                flags="p",
-                info="handed over",
-            )
-            if msg != "":
-                self.pending[holder] = msg
-                out.append((holder, msg))
+            self._hand(holder, msg, place, now_ms, out)
             room -= 1
+
+    def _lapse(self, holder: str, now_ms: int) -> None:
+        e = self.holders.pop(holder)
+        msg = self.kept.pop(holder, None)
+        if msg is not None:
+            self.lapsed[holder] = (now_ms, e["fence"], msg)
 
     def _sweep(self, now_ms: int, out: list[tuple[str, str]]) -> None:
         lapsed = sorted((h["expiry"], k) for k, h in self.holders.items() if h["expiry"] <= now_ms)
         for _, holder in lapsed[:100]:
-            if holder in self.pending:
-                self.holders[holder]["expiry"] = now_ms + self.lease
-                out.append((holder, self.pending[holder]))
+            flags = self.holders[holder]["flags"]
+            if flags == "p":
+                self._lapse(holder, now_ms)
+            elif flags == "u":
+                self._hand(holder, self.kept.get(holder, ""), 0, now_ms, out)
             else:
                 self._drop(holder)
+        self.done = {k: v for k, v in self.done.items() if v > now_ms}
         if self.waiters:
             self._hand_over(now_ms, out)
+
+    def _estimate(self, now_ms: int) -> int:
+        if not self.holders:
+            return self.lease * 1000
+        first = min((h["expiry"], k) for k, h in self.holders.items())[0]
+        return max(0, (first - now_ms) * 1000)
 
     def _verdict(self, holder: str, now_ms: int, live_only: bool) -> tuple[str, int]:
         if self.done.get(holder, -1) > now_ms:
             return "done", -1
-        e = self.holders.get(holder)
-        if e is not None:
-            if e["flags"] == "p":
-                return "mine", 0
-            if e["expiry"] > now_ms:
-                return "copy", (e["expiry"] - now_ms) * 1000
         held = (
             sum(1 for h in self.holders.values() if h["expiry"] > now_ms)
             if live_only
             else len(self.holders)
         )
+        e = self.holders.get(holder)
+        if e is not None and e["flags"] == "p":
+            return "mine", 0
+        if holder in self.lapsed:
+            return ("room", 0) if held < self.limit else ("full", self._estimate(now_ms))
+        if e is not None and e["expiry"] > now_ms:
+            return "copy", (e["expiry"] - now_ms) * 1000
         if held < self.limit and not self.waiters:
             return "room", 0
-        if not self.holders:
-            return "full", self.lease * 1000
-        first = min((h["expiry"], k) for k, h in self.holders.items())[0]
-        return "full", max(0, (first - now_ms) * 1000)
+        return "full", self._estimate(now_ms)
 
     def _finish(self) -> None:
-        if not self.holders and not self.waiters:
-            self.fence = 0  # the entries' hash is deleted
+        if not (self.holders or self.waiters or self.kept or self.lapsed):
+            self.fence = self.seq = 0  # the entries' hash is deleted
 
     def free(self, now_ms: int) -> int:
         return max(0, self.limit - sum(1 for h in self.holders.values() if h["expiry"] > now_ms))
@@ -666,13 +690,15 @@ class Cap:
                         flags="-",
                         info=info,
                     )
-                    self.pending.pop(holder, None)
-                elif why == "mine":
-                    self._drop(holder)
+                    self.kept.pop(holder, None)
+                    self.lapsed.pop(holder, None)
+                elif why == "mine" and holder in self.kept:
+                    self._lapse(holder, now_ms)
                     self._hand_over(now_ms, out)
         else:
-            if why == "copy" and op != "peek":
-                self.holders[holder]["flags"] = "c"
+            e = self.holders.get(holder)
+            if why == "copy" and op != "peek" and e is not None and e["flags"] == "-":
+                e["flags"] = "c"
             if op == "claim" and self.rate is not None:
                 start, end = rate_args["slot"]
                 self.rate.refund(start, end, rate_args["cost"], now)
@@ -706,8 +732,7 @@ class Cap:
             self._finish()
             return 0, out
         self._drop(holder)
-        if e["flags"] == "c":
-            self.done = {k: v for k, v in self.done.items() if v > now_ms}
+        if e["flags"] != "-":
             self.done[holder] = now_ms + 2 * self.lease
         self._sweep(now_ms, out)
         self._finish()
@@ -726,35 +751,46 @@ class Cap:
         self._sweep(now_ms, out)
         why, wait = self._verdict(holder, now_ms, False)
         if why == "full":
-            if holder not in self.waiters:
-                self.waiters.append(holder)
+            if holder in self.lapsed:
+                self.waiters[holder] = self.lapsed.pop(holder)[1]
+            elif holder not in self.waiters:
+                self.seq += 1
+                self.waiters[holder] = self.seq
             self.messages[holder] = message
-            why, wait = "queued", self.waiters.index(holder)
+            why, wait = "queued", self._line().index(holder)
         elif why == "copy":
-            self.holders[holder]["flags"] = "c"
+            self.holders[holder]["flags"] = "u"
+            self.kept[holder] = message
+            why, wait = "queued", 0
         self._finish()
         return why, wait, out
 
-    def cancel(self, now: int, holder: str) -> tuple[int, list[tuple[str, str]]]:
+    def leave(self, now: int, holder: str) -> tuple[str, str, list[tuple[str, str]]]:
         now_ms, out = now // 1000, []
-        gone = 1 if holder in self.waiters else 0
-        if gone:
-            self.waiters.remove(holder)
+        where, left = "", ""
+        if holder in self.waiters:
+            del self.waiters[holder]
+            where, left = "waiting", self.messages.get(holder, "")
         self.messages.pop(holder, None)
         e = self.holders.get(holder)
-        if not gone and e is not None and e["flags"] == "p":
+        if e is not None and e["flags"] == "p":
+            where, left = "handed", self.kept.get(holder, "")
             self._drop(holder)
-            gone = 1
+        elif holder in self.lapsed:
+            where, left = "lapsed", self.lapsed.pop(holder)[2]
+        elif e is not None and e["flags"] == "u":
+            where, left = "copy", self.kept.pop(holder)
+            e["flags"] = "c"
         self._sweep(now_ms, out)
         self._finish()
-        return gone, out
+        return where, left, out
 
     def sweep(self, now: int) -> tuple[int, list[tuple[str, str]]]:
         now_ms, out = now // 1000, []
         self._sweep(now_ms, out)
         self._finish()
         nxt = 0
-        if self.waiters:
+        if self.waiters or self.kept:
             nxt = (
                 min((h["expiry"], k) for k, h in self.holders.items())[0]
                 if self.holders
@@ -762,10 +798,15 @@ class Cap:
             )
         return nxt, out
 
+    def lapsed_list(self) -> list[tuple[str, int]]:
+        """The oldest 100 lapsed hand-overs: (id, when it lapsed in ms)."""
+        oldest = sorted((when, k) for k, (when, _place, _msg) in self.lapsed.items())
+        return [(k, when) for when, k in oldest[:100]]
+
     def usage(self) -> tuple[list[tuple[str, int, int, str, bool]], int]:
         """(holders as (id, expiry, fence, info, pending), oldest lease first; waiting)."""
         holders = sorted(
-            (h["expiry"], k, h["fence"], h["info"], h["flags"] == "p")
+            (h["expiry"], k, 0 if h["flags"] == "p" else h["fence"], h["info"], h["flags"] == "p")
             for k, h in self.holders.items()
         )
         return [(k, exp, f, i, p) for exp, k, f, i, p in holders], len(self.waiters)

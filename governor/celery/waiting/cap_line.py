@@ -60,16 +60,14 @@ class CapLine:
         self.republisher = republisher
 
     def wait(self, call: Call, outcome: Outcome, label: str) -> Deferred | None:
-        """The call was denied by a cap (``outcome.decision.capped``): queue it, or defer a copy
-        of a running task, or drop a copy of one that ran. None: a slot is free for it now
-        (decide again)."""
+        """The call was denied by a cap (``outcome.decision.capped``): queue it (a copy of a
+        running task waits behind it, in Redis), or drop a copy of one that ran. None: a slot
+        is free for it now (decide again)."""
         decision, spec = outcome.decision, outcome.spec
         assert decision is not None and spec is not None
         if decision.capped == "done":
             logger.info("governor: %s dropped: a copy of it already ran", call.name)
             return Duplicate(f"governor: {call.name} already ran (a copy of it held the slot)")
-        if decision.capped == "copy":  # a live copy holds the slot: come back when it lapses
-            return self.republisher.republish(call, outcome, label)
         lim = self.store.limiter(spec.name, spec.config)
         message, state = self.republisher.message(call, label)
         waited = lim.wait(spec.subject, holder_of(call), message)
