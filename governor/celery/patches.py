@@ -176,8 +176,9 @@ def hide_deferral_logs() -> None:
 # What governor reads of Celery's internals without patching them (check these too):
 # - admission/early.py: a worker Request's ``_request_dict``, ``_context``, ``revoked()``,
 #   ``delivery_info``, ``args``/``kwargs``, and ``celery.worker.state.task_ready``;
-# - request.py: ``Request.on_accepted``/``on_failure``/``on_retry``/``on_timeout``/
-#   ``on_success``/``acknowledge``/``execute_using_pool`` and ``_message``, ``worker_pid``;
+# - request.py overrides ``Request.on_accepted``/``on_failure``/``on_retry``/``on_timeout``/
+#   ``on_success``/``acknowledge``/``execute_using_pool``/``revoked`` (Celery drops revoked and
+#   expired messages in ``revoked()``, before the pool) and reads ``_message``, ``worker_pid``;
 # - admission/holding.py: a Request's ``request_dict``, ``hostname``, ``worker_pid``;
 # - metrics/processes.py: the pool class's name (single-process pools);
 # - task.signature_from_request (waiting/republish.py): a public method, but what it copies

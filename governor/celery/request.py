@@ -34,6 +34,7 @@ class GovernedRequestMixin:
     """Holds the early acknowledgement of governed messages until the outcome is known."""
 
     _governor_hold = False
+    _governor_dropped = False
     id: str
     task: Any
     delivery_info: Any
@@ -117,6 +118,18 @@ class GovernedRequestMixin:
             super().on_success(failed__retval__runtime, **kwargs)  # type: ignore[misc]
         finally:
             self._governor_release()
+
+    def revoked(self) -> bool:
+        """Celery's check before a message goes to the pool: revoked or expired messages are
+        dropped here, before the gate. A governed one also leaves the caps' lines it is in (a
+        slot handed to it passes on at once: it will never start)."""
+        gone: bool = super().revoked()  # type: ignore[misc]
+        if gone and not self._governor_dropped:
+            self._governor_dropped = True
+            governor = registry.find(self.task.app)
+            if governor is not None and self._governed_message():
+                governor.gate.dropped(self.task, self)
+        return gone
 
     def _governor_defer_early(self) -> bool:
         governor = registry.find(self.task.app)

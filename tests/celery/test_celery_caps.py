@@ -237,3 +237,37 @@ def test_the_command_line_shows_holders_and_waiters(redis_server: ServerHandle) 
     assert first.hold is not None
     lim.release(q, first.hold)
     assert json.loads(run("inspect", "queue", q, "--json").stdout)["concurrency"]["waiting"] == 0
+
+
+def test_an_expired_waiter_hands_its_slot_on_at_once(redis_server: ServerHandle) -> None:
+    """A task handed a slot whose message Celery drops before the gate (it expired while it
+    waited in line; a revoked one alike) leaves the line as it is dropped: the slot goes on to
+    the next waiter at once, not after the 30 s lease of a hand-over nobody starts."""
+    q = queue_name()
+    app = new_app(redis_server.url(), q, governor_concurrency_lease=30.0)
+    governor = Governor(app)
+    rec = Recorder(redis_server.url())
+    release_a = threading.Event()
+
+    @governor.task(concurrency=1, shared=False, bind=True)
+    def export(self: Task, name: str) -> None:
+        rec.add(name=name, start=time.time())
+        if name == "A":
+            release_a.wait(30)
+
+    lim = Limiter(
+        governor.gate.client, None, concurrency=1, name="task", prefix=governor.settings.prefix
+    )
+    with worker(app, [q], concurrency=4):
+        export.delay("A")
+        wait_for(rec.all, lambda runs: len(runs) == 1, timeout=20)
+        export.apply_async(("B",), expires=3)  # seconds from now
+        wait_for(lambda: lim.holders(export.name).waiting, lambda n: n == 1, timeout=20)
+        export.delay("C")
+        wait_for(lambda: lim.holders(export.name).waiting, lambda n: n == 2, timeout=20)
+        time.sleep(3.5)  # B expires while it waits in line (Celery's clock, not governor's)
+        ended = time.time()
+        release_a.set()
+        runs = wait_for(rec.all, lambda runs: len(runs) == 2, timeout=20)
+    assert [r["name"] for r in runs] == ["A", "C"]  # B never ran
+    assert runs[1]["start"] - ended < 10, "C waited for B's hand-over to lapse"

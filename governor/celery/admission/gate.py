@@ -114,6 +114,22 @@ class Gate:
         """Whether a message may be governed (checked in the worker's main process)."""
         return self.calls.governs(task, delivery_info)
 
+    def dropped(self, task: Any, request: Any) -> None:
+        """In the worker's main process: Celery dropped ``request`` (a worker request) before
+        the gate, revoked or expired: it leaves every cap's line it is in, so a slot handed to it
+        passes on at once (:meth:`.CapLine.leave`). Never raises."""
+        retries = (getattr(request, "request_dict", None) or {}).get("retries") or 0
+        holder = f"{request.id}:{retries}"
+        try:
+            args, kwargs = tuple(request.args), dict(request.kwargs)
+            specs = self.calls.specs(task, request, args, kwargs)
+        except Exception as exc:  # its key could not be worked out: a hand-over lapses instead
+            logger.warning("governor: dropped %s[%s] left to lapse: %r", task.name, holder, exc)
+            return
+        for spec in specs:
+            if spec.config.concurrency is not None:
+                self.cap_line.leave(spec, holder)
+
     def defer_early(self, req: Any) -> bool:
         """In the worker's main process: defer a message known to be denied before it reaches
         the pool (see :mod:`governor.celery.admission.early`). True if it was deferred."""

@@ -21,13 +21,14 @@ import logging
 
 import redis
 
+from ...errors import GovernorError
 from ...keys import escape, unescape
 from ...limiter import Limiter
 from ...scripts import package_script, run_script
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
-from ..types import Call, Deferred, Duplicate, Outcome
+from ..types import Call, Deferred, Duplicate, LimitSpec, Outcome
 from .handover import Handover
 from .republish import Republisher
 
@@ -103,6 +104,23 @@ class CapLine:
             f"governor: waits for a slot of {label} ({waited.position} ahead, "
             f"wait {call.state.waits})"
         )
+
+    def leave(self, spec: LimitSpec, holder: str) -> None:
+        """``holder`` will not start (Celery dropped its message: revoked, expired): out of the
+        cap's line, a slot handed to it passes on, a copy of it waiting behind a running holder
+        is dropped (:meth:`~governor.Limiter.leave`). Never raises: what fails lapses after one
+        lease instead."""
+        lim = self.store.limiter(spec.name, spec.config)
+        try:
+            left = lim.leave(spec.subject, holder)
+        except (GovernorError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+            logger.warning(
+                "governor: %s left %s's line only by lapsing: %r", holder, spec.label, exc
+            )
+            return
+        if left.place:
+            logger.info("governor: %s left the line of %s (%s)", holder, spec.label, left.place)
+        self.republisher.handover.publish(list(left.handed))
 
     def _index(self, lim: Limiter, subject: str, due: float) -> None:
         """Have the sweepers look at this cap when its earliest lease could lapse."""
