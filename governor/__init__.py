@@ -8,7 +8,7 @@ True
 """
 
 from .concurrency import Concurrency, Permit
-from .decision import CapUsage, Decision, Hold, Holder, Pause, RuleUsage, Slot, Usage
+from .decision import CapUsage, Decision, Hold, Holder, Pause, RuleUsage, Settled, Slot, Usage
 from .errors import (
     ConfigError,
     CostError,
@@ -21,7 +21,8 @@ from .errors import (
     SubjectError,
 )
 from .limiter import Limiter
-from .rules import Rule, parse_rules
+from .prices import Prices
+from .rules import Rule, parse_meters, parse_rules
 
 __all__ = [
     "CapUsage",
@@ -36,15 +37,18 @@ __all__ = [
     "Limiter",
     "Pause",
     "Permit",
+    "Prices",
     "Rule",
     "RuleError",
     "RuleUsage",
+    "Settled",
     "Slot",
     "SlotLost",
     "StateError",
     "StorageUnavailable",
     "SubjectError",
     "Usage",
+    "parse_meters",
     "parse_rules",
 ]
 

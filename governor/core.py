@@ -187,7 +187,7 @@ class LimiterBase:
         cost larger than a rule can ever admit is refused at once (without meters the decision
         says so: ``retry_after`` is infinite)."""
         if not self.meters:
-            return (_cost(cost),)
+            return (_cost(cost),) if isinstance(cost, int) else units_of(cost, ())
         units = units_of(cost, self.meters)
         if fits:
             for rule, m in zip(self.rules, self._meter_of):

@@ -242,7 +242,10 @@ class Limiter(CapOps):
         slot = decision.slot if isinstance(decision, Decision) else decision
         if slot is None:
             return ()
-        units = self._estimate(decision) if isinstance(decision, Decision) else (1,)
+        if isinstance(decision, Decision):
+            units = self._estimate(decision)
+        else:
+            units = self._units(1, fits=False)
         if cost is not None:
             units = self._units(cost, fits=False)
         hold = self._refund_hold(decision)

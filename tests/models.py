@@ -78,9 +78,9 @@ class SlidingLog(Costed):
     A moment x can take cost_i more units under rule i when the units in
     (x - W, x + W + tolerance + maxtol) leave room for them (maxtol: the largest tolerance a
     booking used). Bookings are stamped at slot + tolerance. Entries at or before now minus the
-    longest window are dropped when the log is written, and at most CAP are kept; the newest
-    one dropped is remembered as a floor, and units missing below the log count as a full
-    window stamped at the floor.
+    longest window are dropped when the log is written (the newest one dropped is remembered as
+    a floor, and units missing below the log count as a full window stamped at the floor). Past
+    CAP entries, the past is merged two by two at the newer stamps.
     """
 
     books = True
@@ -161,8 +161,24 @@ class SlidingLog(Costed):
             self.entries.insert(at, [stamp_ms, *w])
 
     def _trim(self, now: int) -> None:
-        t = sum(1 for e in self.entries if e[0] * 1000 > now - self.maxwin)
-        t = min(t, self.CAP)
+        self._drop(sum(1 for e in self.entries if e[0] * 1000 > now - self.maxwin))
+        if len(self.entries) > self.CAP:
+            self._coarsen(now)
+
+    def _coarsen(self, now: int) -> None:
+        """Past CAP entries: the past (stamped up to now) merged two by two from the oldest, each
+        pair at its newer stamp; then, if still past CAP, the oldest go below the floor."""
+        p = sum(1 for e in self.entries if e[0] * 1000 > now)
+        past = self.entries[p:][::-1]  # oldest first
+        if len(past) >= 2:
+            merged = []
+            for j in range(0, len(past), 2):
+                pair = past[j : j + 2]
+                merged.append([pair[-1][0], *(sum(w) for w in zip(*(e[1:] for e in pair)))])
+            self.entries = self.entries[:p] + merged[::-1]
+        self._drop(self.CAP)
+
+    def _drop(self, t: int) -> None:
         if t < len(self.entries):
             newest = self.entries[t][0]
             self.floor = newest if self.floor is None else max(self.floor, newest)

@@ -18,8 +18,8 @@
 --          cap); maxtol, the largest tolerance any booking used (how much earlier than its
 --          stamp a booked task may start); Y_m, y below the oldest entry.
 --          Entries that can count no more (at or before now minus the longest window) are
---          trimmed when the log is written; at most CAP entries are kept (past it the oldest
---          go below the floor: stricter, never looser).
+--          trimmed when the log is written. Past CAP entries, the past is merged two by two,
+--          each pair at its newer stamp (see coarsen: stricter, never looser).
 -- KEYS[2]  manual block (see common.lua)
 -- ARGV     see common.lua; no extras.
 -- Returns  see common.lua.
@@ -35,7 +35,7 @@
 local key = KEYS[1]
 local E = 1 + M  -- list elements per entry
 local CAP = 20000  -- entries kept at most (governor.algorithms.MAX_LOG)
-local FIRST = 64  -- one LRANGE reads a short log whole; longer ones are read by ranges
+local FIRST = 32  -- entries in the first read (with meta and base when they follow); then one by one
 
 -- A log written in governor's first layout (one stamp per unit, key suffix 'sl') becomes an
 -- entry log under this key: read once, left to expire (older workers may still write it).
@@ -71,18 +71,18 @@ local function migrate()
   if pttl > 0 then redis.call('PEXPIRE', key, pttl) end
 end
 
-local first = redis.call('LRANGE', key, '0', fmt(FIRST - 1))
+local first = redis.call('LRANGE', key, '0', fmt(FIRST * E + 1))
 if #first == 0 then
   migrate()
-  first = redis.call('LRANGE', key, '0', fmt(FIRST - 1))
+  first = redis.call('LRANGE', key, '0', fmt(FIRST * E + 1))
 end
 local len = #first
-if len == FIRST then len = redis.call('LLEN', key) end
+if len == FIRST * E + 2 then len = redis.call('LLEN', key) end
 local k, base, floor_us, maxtol, Y = 0, 0, nil, 0, {}
 for m = 1, M do Y[m] = 0 end
 if len > 0 then
   local meta, b = first[len - 1], first[len]
-  if len >= FIRST then
+  if len > #first then
     local tail = redis.call('LRANGE', key, '-2', '-1')
     meta, b = tail[1], tail[2]
   end
@@ -100,34 +100,36 @@ if len > 0 then
   if f ~= '' then floor_us = (base + tonumber(f)) * 1000 end
 end
 local exists = len > 0
+local dirty = false  -- meta changed (floor, maxtol, Y)
 
-local cache = {}  -- entry i (0-based) -> {stamp_us, y_1, ..., y_M}
-local function get(i)
-  local e = cache[i]
-  if e then return e end
-  local at, raw = i * E, nil
-  if at + E <= #first and at + E <= len - 2 then
-    raw = {unpack(first, at + 1, at + E)}
-  else
-    raw = redis.call('LRANGE', key, fmt(at), fmt(at + E - 1))
+-- Entries read so far (0-based i): cs[i] the stamp in us, cy[i * M + m] its y for meter m.
+local cs, cy, prefetched = {}, {}, FIRST  -- (entries still valid in `first`)
+local function load(i)
+  local raw, o = first, i * E
+  if i >= prefetched then raw, o = redis.call('LRANGE', key, fmt(i * E), fmt(i * E + E - 1)), 0 end
+  local v = tonumber(raw[o + 1])
+  if not v then corrupt('sliding log') end
+  cs[i] = (base + v) * 1000
+  for m = 1, M do
+    v = tonumber(raw[o + 1 + m])
+    if not v then corrupt('sliding log') end
+    cy[i * M + m] = v
   end
-  e = {}
-  for j = 1, E do
-    e[j] = tonumber(raw[j])
-    if not e[j] then corrupt('sliding log') end
-  end
-  e[1] = (base + e[1]) * 1000
-  cache[i] = e
-  return e
 end
 
 local function stamp(i)
-  return get(i)[1]
+  local v = cs[i]
+  if v then return v end
+  load(i)
+  return cs[i]
 end
 
 local function y(i, m)
   if i >= k then return Y[m] end
-  return get(i)[m + 1]
+  local v = cy[i * M + m]
+  if v then return v end
+  load(i)
+  return cy[i * M + m]
 end
 
 -- Units of meter m in entries [a, b).
@@ -140,13 +142,32 @@ local head = k > 0 and stamp(0) or floor_us  -- the newest stamp (else the floor
 -- How many entries are stamped after t (strictly, or at or after t when `inclusive`).
 local function above(t, inclusive)
   local lo, hi = 0, k
-  if hi > 0 and (stamp(hi - 1) > t or (inclusive and stamp(hi - 1) == t)) then return hi end
+  if hi == 0 or stamp(0) < t or (stamp(0) == t and not inclusive) then return 0 end
+  if stamp(hi - 1) > t or (inclusive and stamp(hi - 1) == t) then return hi end
   while lo < hi do
     local mid = (lo + hi - (lo + hi) % 2) / 2
     local e = stamp(mid)
     if e > t or (inclusive and e == t) then lo = mid + 1 else hi = mid end
   end
   return lo
+end
+
+-- The first entry in [lo, hi) stamped at or before t (hi if none), searched from hi down:
+-- galloping (the answer is usually among the oldest entries looked at), then halving.
+local function older(lo, hi, t)
+  if lo >= hi or stamp(hi - 1) > t then return hi end
+  local top, step = hi - 1, 1  -- stamp(top) <= t
+  local bottom = top - 1
+  while bottom >= lo and stamp(bottom) <= t do
+    top, step = bottom, step * 2
+    bottom = top - step
+  end
+  if bottom < lo - 1 then bottom = lo - 1 end  -- stamp(bottom) > t, or bottom before lo
+  while top - bottom > 1 do
+    local mid = (bottom + top - (bottom + top) % 2) / 2
+    if stamp(mid) <= t then top = mid else bottom = mid end
+  end
+  return top
 end
 
 -- Entries at or beyond rule i's horizon for a start at x (too far ahead to share a window).
@@ -159,6 +180,7 @@ end
 -- The first entry from `skip` on at which meter m's units pass `room`: the smallest j with
 -- units(skip, j + 1) > room, or k if there is none.
 local function cut(skip, room, m)
+  if units(skip, k, m) <= room then return k end  -- the usual answer: there is room
   local g = skip + room  -- where it is when every entry holds one unit (a count)
   if g < k and units(skip, g + 1, m) > room and (g == skip or units(skip, g, m) <= room) then
     return g
@@ -175,8 +197,11 @@ end
 -- limit (a floor inside the window fills it).
 local function used(i, x, tol)
   local skip, edge = beyond(i, x, tol), x - win[i]
-  local last = above(edge, false)
-  if last < skip then last = skip end
+  -- the entry at which the units reach the limit: if it is inside, the window is full
+  local j = cut(skip, lim[i] - 1, meter[i])
+  if j < k and stamp(j) > edge then return lim[i] end
+  -- else the window ends at or before it: entries [skip, last) are inside
+  local last = older(skip, j < k and j + 1 or k, edge)
   if last == k and floor_us and floor_us > edge then return lim[i] end
   return min(lim[i], units(skip, last, meter[i]))
 end
@@ -202,12 +227,18 @@ local function place(t0, tol)
   return nil, denier
 end
 
--- The smallest room over the rules (after this call's cost when `after`).
+-- The smallest room over the rules (after this call's cost when `after`). A rule that leaves
+-- more than the best so far even if it counted every entry is not searched (unless a floor
+-- may fill it).
 local function remaining(after)
   local best = nil
   for i = 1, n do
-    local r = max(0, lim[i] - used(i, now, 0) - (after and cost[i] or 0))
-    if best == nil or r < best then best = r end
+    if best == 0 then break end
+    local extra = after and cost[i] or 0
+    if best == nil or floor_us or lim[i] - units(0, k, meter[i]) - extra < best then
+      local r = max(0, lim[i] - used(i, now, 0) - extra)
+      if best == nil or r < best then best = r end
+    end
   end
   return best or 0
 end
@@ -243,22 +274,20 @@ local function rewrite(count, edit)
   local below = {}
   for m = 1, M do below[m] = y(count, m) end
   if count > 0 then redis.call('LTRIM', key, fmt(count * E), '-1') end
-  local kept, out = {}, {}
-  for i, e in pairs(cache) do
-    if i >= count then kept[i - count + #list] = e end
-  end
+  -- the rewritten entries are known (what was read below them is read again if needed)
+  local shift, ks, ky, out = #list - count, {}, {}, {}
   for j = #list, 1, -1 do  -- oldest first: LPUSH leaves the newest at the head
-    local e, c = list[j], {list[j][1]}
+    local e = list[j]
+    ks[j - 1] = e[1]
     for m = 1, M do
       below[m] = below[m] + e[m + 1] - 1
-      c[m + 1] = below[m]
+      ky[(j - 1) * M + m] = below[m]
     end
-    for m = M, 1, -1 do out[#out + 1] = fmt(c[m + 1]) end
+    for m = M, 1, -1 do out[#out + 1] = fmt(ky[(j - 1) * M + m]) end
     out[#out + 1] = fmt(e[1] / 1000 - base)
-    kept[j - 1] = c
   end
   for j = 1, #out, 4000 do redis.call('LPUSH', key, unpack(out, j, min(#out, j + 3999))) end
-  k, cache, first = k - count + #list, kept, {}
+  k, cs, cy, prefetched = k + shift, ks, ky, 0
   head = k > 0 and stamp(0) or floor_us
 end
 
@@ -273,10 +302,28 @@ local function insert(stamp_ms, w)
       base = stamp_ms
       for m = 1, M do Y[m] = 0 end
     end)
+    dirty = true
     redis.call('LSET', key, '-1', 'b' .. fmt(base))
   end
   local s = stamp_ms * 1000
   local pos = above(s, false)
+  if pos == 0 and (k == 0 or stamp(0) < s) then
+    -- the newest entry (the usual case): pushed at the head, nothing else moves
+    local out, c = {}, {}
+    for m = M, 1, -1 do
+      c[m] = y(0, m) + w[m] - 1
+      out[#out + 1] = fmt(c[m])
+    end
+    out[#out + 1] = fmt(stamp_ms - base)
+    if not exists then
+      redis.call('RPUSH', key, meta_text(), 'b' .. fmt(base))
+      exists = true
+    end
+    redis.call('LPUSH', key, unpack(out))
+    k, head, cs, cy, prefetched = k + 1, s, {[0] = s}, {}, 0
+    for m = 1, M do cy[m] = c[m] end
+    return
+  end
   if pos < k and stamp(pos) == s then
     rewrite(pos + 1, function(list)
       for m = 1, M do list[pos + 1][m + 1] = list[pos + 1][m + 1] + w[m] end
@@ -308,19 +355,80 @@ local function take_back(stamp_us, w)
   return took
 end
 
--- Drop the entries that can count no more (stamped at or before now minus the longest window)
--- and those past the cap; the newest dropped becomes the floor.
-local function trim()
-  local t = k
-  if k > 0 and stamp(k - 1) <= now - maxwin then t = above(now - maxwin, false) end
-  if t > CAP then t = CAP end
-  if t >= k then return end
+-- Drop the entries from t on; the newest of them becomes the floor.
+local function drop(t)
   floor_us = max(floor_us or stamp(t), stamp(t))
   for m = 1, M do Y[m] = y(t, m) end
   if t == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, '0', fmt(t * E - 1)) end
   redis.call('RPUSH', key, meta_text(), 'b' .. fmt(base))
-  k = t
+  k, dirty = t, false
   head = k > 0 and stamp(0) or floor_us
+end
+
+-- Drop the entries that can count no more: stamped at or before now minus the longest window
+-- (before a new entry goes in, while what was read of the oldest is still at hand).
+local function expire()
+  local t = older(0, k, now - maxwin)
+  if t < k then drop(t) end
+end
+
+-- Past the cap: halve the resolution of the past (entries stamped up to now), merging them two
+-- by two from the oldest, each pair at its newer stamp (its units count a little later:
+-- stricter, never looser); bookings keep their entries. One pass rewrites the past; it comes
+-- again only after as many new entries. Without a past to merge, the oldest go below the floor.
+local function coarsen()
+  local p = above(now, false)
+  local past = k - p
+  if past >= 2 then
+    local raw = redis.call('LRANGE', key, fmt(p * E), fmt(k * E - 1))
+    local st, ws, below = {}, {}, {}  -- oldest first
+    for m = 1, M do below[m] = Y[m] end
+    for j = past, 1, -1 do
+      local o = (j - 1) * E
+      local v = tonumber(raw[o + 1])
+      if not v then corrupt('sliding log') end
+      local w = {}
+      for m = 1, M do
+        local yv = tonumber(raw[o + 1 + m])
+        if not yv then corrupt('sliding log') end
+        w[m] = yv - below[m] + 1
+        below[m] = yv
+      end
+      st[#st + 1], ws[#ws + 1] = v, w
+    end
+    local ms, mw = {}, {}  -- merged, oldest first
+    for j = 1, past, 2 do
+      local w = ws[j]
+      if j < past then
+        for m = 1, M do w[m] = w[m] + ws[j + 1][m] end
+      end
+      ms[#ms + 1], mw[#mw + 1] = st[min(j + 1, past)], w
+    end
+    for m = 1, M do
+      Y[m] = Y[m] - (past - #ms)
+      below[m] = Y[m]
+    end
+    local ys = {}
+    for j = 1, #ms do
+      ys[j] = {}
+      for m = 1, M do
+        below[m] = below[m] + mw[j][m] - 1
+        ys[j][m] = below[m]
+      end
+    end
+    local out = {}
+    for j = #ms, 1, -1 do  -- newest first, as the list keeps them
+      out[#out + 1] = fmt(ms[j])
+      for m = 1, M do out[#out + 1] = fmt(ys[j][m]) end
+    end
+    out[#out + 1] = meta_text()
+    out[#out + 1] = 'b' .. fmt(base)
+    if p == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, '0', fmt(p * E - 1)) end
+    for j = 1, #out, 4000 do redis.call('RPUSH', key, unpack(out, j, min(#out, j + 3999))) end
+    k, cs, cy, prefetched, dirty = p + #ms, {}, {}, 0, false
+    head = stamp(0)
+  end
+  if k > CAP then drop(CAP) end
 end
 
 -- Write meta, drop an empty log, set the expiry (when `counted`: something was added).
@@ -330,7 +438,7 @@ local function finish(counted)
     redis.call('DEL', key)
     return
   end
-  redis.call('LSET', key, fmt(k * E), meta_text())
+  if dirty then redis.call('LSET', key, fmt(k * E), meta_text()) end
   if counted then redis.call('PEXPIRE', key, ttl_ms(head + maxwin - now)) end
 end
 
@@ -347,8 +455,9 @@ local function charge_now(per_rule)
   local w, any = per_meter(per_rule), false
   for m = 1, M do any = any or w[m] > 0 end
   if not any then return false end
+  expire()
   insert(ceil(now / 1000), w)
-  trim()
+  if k > CAP then coarsen() end
   return true
 end
 
@@ -462,9 +571,10 @@ end
 
 -- Count it in the entry of the ms it may start by; trim; write meta and the expiry.
 local stamp_ms = ceil((slot + tol) / 1000)
+expire()
 insert(stamp_ms, per_meter(cost))
-if tol > maxtol then maxtol = tol end
-trim()
+if k > CAP then coarsen() end
+if tol > maxtol then maxtol, dirty = tol, true end
 finish(true)
 if rem then return decision(1, 0, 0, rem, reset_after(), now, stamp_ms * 1000, '') end
 return decision(0, slot - now, rule, remaining(false), reset_after(), slot, stamp_ms * 1000, '')
