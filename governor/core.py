@@ -420,18 +420,29 @@ class LimiterBase:
     def _settle_call(
         self,
         subject: Subject,
-        decision: Decision,
+        reservation: Decision | Slot,
         used: Cost,
+        estimate_cost: Cost | None,
         id: str | None,
         now: float | None,
     ) -> Call | None:
-        """A call of the algorithm's script that settles ``decision`` (None: it reserved
-        nothing, or the limiter has no rules)."""
-        if decision.slot is None or not self.rules:
+        """A call of the algorithm's script that settles a reservation: a decision, or its slot
+        with the cost reserved (None: it reserved nothing, or the limiter has no rules)."""
+        if isinstance(reservation, Slot):
+            if estimate_cost is None:
+                raise CostError("settling a slot needs the cost it reserved: estimate=...")
+            slot: Slot | None = reservation
+            estimate = self._units(estimate_cost, fits=False)
+        else:
+            slot = reservation.slot
+            estimate = (
+                self._estimate(reservation)
+                if estimate_cost is None
+                else self._units(estimate_cost, fits=False)
+            )
+        if slot is None or not self.rules:
             return None
-        estimate = self._estimate(decision)
         actual = units_of(used, self.meters, what="use", zero=True, rest=estimate)
-        slot = decision.slot
         name = f"slot:{slot.start_us}:{slot.end_us}" if id is None else str(id)
         head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
         args: list[bytes | str | int] = [

@@ -257,9 +257,10 @@ class Limiter(CapOps):
     def settle(
         self,
         subject: Subject,
-        decision: Decision,
+        reservation: Decision | Slot,
         used: Cost,
         *,
+        estimate: Cost | None = None,
         id: str | None = None,
         now: float | None = None,
     ) -> Settled:
@@ -269,7 +270,8 @@ class Limiter(CapOps):
         was counted in, as far as it still counts there (the sliding log exactly; the others as
         docs/token-quotas.md says); use beyond the estimate is charged now, admitted or not, so
         later calls wait for it. ``used`` is an integer or, with meters, units per meter (a
-        meter left out was used as estimated).
+        meter left out was used as estimated). ``reservation`` is the decision that counted
+        it (for a booking: the claim's), or its slot with the ``estimate`` it counted.
 
         A reservation is settled once: ``id`` (say, the task id; default: its slot) names it,
         and a second settle of the same id changes nothing (``status == "duplicate"``).
@@ -277,9 +279,9 @@ class Limiter(CapOps):
         estimate stands (``status == "lapsed"``). A denied decision reserved nothing: settled
         as ``"unreserved"``.
         """
-        call = self._settle_call(subject, decision, used, id, now)
+        call = self._settle_call(subject, reservation, used, estimate, id, now)
         if call is None:
-            return Settled("unreserved", decision.now)
+            return Settled("unreserved", getattr(reservation, "now", 0.0))
         return self._settled(self._eval(self._rates, call))
 
     def sync_remaining(

@@ -348,11 +348,15 @@ def _reset(
     return value
 
 
-def _quota(name: str, limit: int | None, remaining: int | None, reset: float | None) -> Quota:
+def _quota(
+    name: str, limit: int | None, remaining: int | None, reset: float | None
+) -> Quota | None:
     if limit == 0:  # a quota of nothing: the upstream does not know it (Azure), nor what is left
         limit = remaining = None
     if limit is not None and remaining is not None and remaining > limit:
         remaining = limit
+    if (limit, remaining, reset) == (None, None, None):
+        return None
     return Quota(name.replace("-", "_"), limit, remaining, reset)
 
 
@@ -370,13 +374,15 @@ def quotas_from_headers(
         limit = _count(headers, f"x-ratelimit-limit-{kind}")
         remaining = _count(headers, f"x-ratelimit-remaining-{kind}")
         reset = _reset(headers, f"x-ratelimit-reset-{kind}", now, max_reset, False)
-        if (limit, remaining, reset) != (None, None, None):
-            out[kind] = _quota(kind, limit, remaining, reset)
+        quota = _quota(kind, limit, remaining, reset)
+        if quota is not None:
+            out[quota.name] = quota
     for kind in _ANTHROPIC:
         head = f"anthropic-ratelimit-{kind}"
         limit = _count(headers, f"{head}-limit")
         remaining = _count(headers, f"{head}-remaining")
         reset = _reset(headers, f"{head}-reset", now, max_reset, True)
-        if (limit, remaining, reset) != (None, None, None):
-            out[kind.replace("-", "_")] = _quota(kind, limit, remaining, reset)
+        quota = _quota(kind, limit, remaining, reset)
+        if quota is not None:
+            out[quota.name] = quota
     return out

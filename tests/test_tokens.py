@@ -310,3 +310,15 @@ def test_asyncio_meters_settle_and_sync(redis_server: object, prefix: str) -> No
         await client.aclose()
 
     asyncio.run(run())
+
+
+def test_a_slot_and_its_estimate_settle_as_the_decision(r: redis.Redis, prefix: str) -> None:
+    """What a task message carries (its slot and what it reserved) is enough to settle."""
+    lim = llm(r, prefix)
+    d = lim.acquire("o", {"requests": 1, "tokens": 3_000}, now=T0)
+    assert d.slot is not None
+    with pytest.raises(CostError, match="estimate"):
+        lim.settle("o", d.slot, {"tokens": 1_000}, now=T0)
+    s = lim.settle("o", d.slot, {"tokens": 1_000}, estimate=dict(d.units), id="t1", now=T0)
+    assert s.given_back == (0, 2_000, 2_000)
+    assert lim.settle("o", d, {"tokens": 1_000}, id="t1", now=T0).status == "duplicate"

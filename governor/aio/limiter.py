@@ -149,16 +149,17 @@ class Limiter(LimiterBase):
     async def settle(
         self,
         subject: Subject,
-        decision: Decision,
+        reservation: Decision | Slot,
         used: Cost,
         *,
+        estimate: Cost | None = None,
         id: str | None = None,
         now: float | None = None,
     ) -> Settled:
         """See :meth:`governor.Limiter.settle`."""
-        call = self._settle_call(subject, decision, used, id, now)
+        call = self._settle_call(subject, reservation, used, estimate, id, now)
         if call is None:
-            return Settled("unreserved", decision.now)
+            return Settled("unreserved", getattr(reservation, "now", 0.0))
         return self._settled(await self._eval(self._rates, call))
 
     async def sync_remaining(
