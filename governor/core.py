@@ -427,7 +427,7 @@ class LimiterBase:
         now: float | None,
     ) -> Call | None:
         """A call of the algorithm's script that settles a reservation: a decision, or its slot
-        with the cost reserved (None: it reserved nothing, or the limiter has no rules)."""
+        with the cost reserved (None: it reserved nothing)."""
         if isinstance(reservation, Slot):
             if estimate_cost is None:
                 raise CostError("settling a slot needs the cost it reserved: estimate=...")
@@ -440,7 +440,7 @@ class LimiterBase:
                 if estimate_cost is None
                 else self._units(estimate_cost, fits=False)
             )
-        if slot is None or not self.rules:
+        if slot is None:
             return None
         actual = units_of(used, self.meters, what="use", zero=True, rest=estimate)
         name = f"slot:{slot.start_us}:{slot.end_us}" if id is None else str(id)

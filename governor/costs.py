@@ -17,8 +17,9 @@ from .errors import CostError
 __all__ = ["MAX_UNITS", "Cost", "units_of"]
 
 Cost = int | Mapping[str, int]
-MAX_UNITS = 10**15
-"""The most units one call may count in one meter (sums stay exact in Redis's doubles)."""
+MAX_UNITS = 10**12
+"""The most units one call may count in one meter, and the largest limit of a meter (so that
+the sums the scripts keep stay exact in Lua's doubles)."""
 
 
 def _count(value: object, what: str, zero: bool) -> int:

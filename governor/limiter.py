@@ -279,6 +279,8 @@ class Limiter(CapOps):
         estimate stands (``status == "lapsed"``). A denied decision reserved nothing: settled
         as ``"unreserved"``.
         """
+        if not self.rules:  # a concurrency cap alone counts no units
+            return Settled("settled", getattr(reservation, "now", 0.0))
         call = self._settle_call(subject, reservation, used, estimate, id, now)
         if call is None:
             return Settled("unreserved", getattr(reservation, "now", 0.0))

@@ -387,7 +387,10 @@ class Gcra(Costed):
             self._store(now)
 
     def _charge(self, now: int, units: list[int]) -> None:
-        self.tat = [max(x, now) + u * t if u else x for x, u, t in zip(self.tat, units, self.T)]
+        self.tat = [
+            min(max(x, now) + u * t, now + 2**52) if u else x
+            for x, u, t in zip(self.tat, units, self.T)
+        ]
 
     def settle(
         self,

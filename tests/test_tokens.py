@@ -322,3 +322,22 @@ def test_a_slot_and_its_estimate_settle_as_the_decision(r: redis.Redis, prefix: 
     s = lim.settle("o", d.slot, {"tokens": 1_000}, estimate=dict(d.units), id="t1", now=T0)
     assert s.given_back == (0, 2_000, 2_000)
     assert lim.settle("o", d, {"tokens": 1_000}, id="t1", now=T0).status == "duplicate"
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+def test_huge_overruns_stay_in_range(r: redis.Redis, prefix: str, algorithm: str) -> None:
+    """A use of 10^12 units (the most a call may report) is charged without breaking the state
+    (an expiry Redis refuses, inexact sums): the subject simply waits."""
+    lim = Limiter(r, {"tokens": "10/d"}, algorithm=algorithm, name="huge", prefix=prefix)
+    d = lim.acquire("o", {"tokens": 1}, now=T0)
+    assert lim.settle("o", d, {"tokens": 10**12}, now=T0).charged == (10**12 - 1,)
+    later = lim.acquire("o", {"tokens": 1}, now=T0 + 3_600)
+    assert not later.allowed and later.retry_after > 0
+    with pytest.raises(CostError):
+        lim.settle("o", d, {"tokens": 10**12 + 1}, id="other", now=T0)
+
+
+def test_a_cap_alone_has_nothing_to_settle(r: redis.Redis, prefix: str) -> None:
+    lim = Limiter(r, None, concurrency=2, name="cap-only", prefix=prefix)
+    d = lim.acquire("o", now=T0, holder="h")
+    assert d.allowed and lim.settle("o", d, 5).status == "settled"

@@ -157,6 +157,8 @@ class Limiter(LimiterBase):
         now: float | None = None,
     ) -> Settled:
         """See :meth:`governor.Limiter.settle`."""
+        if not self.rules:  # a concurrency cap alone counts no units
+            return Settled("settled", getattr(reservation, "now", 0.0))
         call = self._settle_call(subject, reservation, used, estimate, id, now)
         if call is None:
             return Settled("unreserved", getattr(reservation, "now", 0.0))

@@ -84,10 +84,11 @@ local function room(i)
   return math.max(0, math.min(lim[i], math.floor((now + B[i] - math.max(tat[i], now)) / T[i])))
 end
 
--- Charge per-rule units now, admitted or not (settle's overrun, sync).
+-- Charge per-rule units now, admitted or not (settle's overrun, sync); a schedule reaches at
+-- most 2^52 us (142 years) ahead.
 local function charge_now(units)
   for i = 1, n do
-    if units[i] > 0 then tat[i] = math.max(tat[i], now) + units[i] * T[i] end
+    if units[i] > 0 then tat[i] = math.min(math.max(tat[i], now) + units[i] * T[i], now + 2 ^ 52) end
   end
 end
 

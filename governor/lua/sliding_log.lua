@@ -14,9 +14,9 @@
 --          Calls of one unit leave y unchanged (small integers in Redis).
 --          meta is "f<floor>:<maxtol>:<Y_1>,...,<Y_M>": floor, the offset of the newest entry
 --          trimmed away (empty if none: entries missing below the log count as a full window
---          stamped at floor, which matters only when the clock steps back or the log hit its
---          cap); maxtol, the largest tolerance any booking used (how much earlier than its
---          stamp a booked task may start); Y_m, y below the oldest entry.
+--          stamped at floor, which matters only when the clock steps back, or when bookings
+--          alone fill the log past its cap); maxtol, the largest tolerance any booking used (how
+--          much earlier than its stamp a booked task may start); Y_m, y below the oldest entry.
 --          Entries that can count no more (at or before now minus the longest window) are
 --          trimmed when the log is written. Past CAP entries, the past is merged two by two,
 --          each pair at its newer stamp (see coarsen: stricter, never looser).
