@@ -196,7 +196,7 @@ def main() -> None:
                 memory(client, args.fill),
             )
         )
-        print("\nKeys look like governor:{partner-api:customer-12345}:sl2 (40 bytes; the other")
+        print("\nKeys look like governor:{partner-api:customer-12345}:lg (39 bytes; the other")
         print("algorithms end in two letters and a 4-character rules fingerprint); every key has")
         print("a TTL, which Redis keeps in a second table (about 40 bytes of each figure).")
 

@@ -107,7 +107,7 @@ def finding9_table(client: redis.Redis) -> list[list[object]]:
 
         def call(op: str, cost: int, **kw: Any) -> tuple[list[str], list[Any]]:
             keys, args = lim._call(op, subject, (cost,), T0, **kw)
-            return [keys[0][: -len("sl2")] + suffix, keys[1]], args
+            return [keys[0][: -len("lg")] + suffix, keys[1]], args
 
         if bookings:
             for _ in range(100):  # 100 bookings of 50 units, ten minutes on, ahead of now
@@ -123,7 +123,7 @@ def finding9_table(client: redis.Redis) -> list[list[object]]:
         cells: list[object] = [f"{units:,}"]
         for bookings in (True, False):
             before = statistics.median(one(old_sha, "old", units, bookings) for _ in range(5))
-            after = statistics.median(one(new_sha, "sl2", units, bookings) for _ in range(5))
+            after = statistics.median(one(new_sha, "lg", units, bookings) for _ in range(5))
             ratio = before / after
             cells += [
                 f"{before * 1000:.2f}",
@@ -142,25 +142,25 @@ def plain_table(client: redis.Redis, calls: int, rounds: int) -> list[list[objec
         lim = Limiter(client, rules, name=f"p{len(rules)}")
         new_sha = client.script_load(lim._script.text)
         subjects = [f"c{i}" for i in range(50)]
-        seen: dict[str, list[float]] = {"old": [], "sl2": []}
-        for suffix, sha in (("old", old_sha), ("sl2", new_sha)):  # 60 calls each first
+        seen: dict[str, list[float]] = {"old": [], "lg": []}
+        for suffix, sha in (("old", old_sha), ("lg", new_sha)):  # 60 calls each first
             for j in range(60):
                 for s in subjects:
                     keys, args = lim._call("acquire", s, (1,), T0 + j * spacing)
-                    evalsha(client, sha, ([keys[0][:-3] + suffix, keys[1]], args))
+                    evalsha(client, sha, ([keys[0][: -len("lg")] + suffix, keys[1]], args))
         step = [60]
         for _ in range(rounds):
-            for suffix, sha in (("old", old_sha), ("sl2", new_sha)):
+            for suffix, sha in (("old", old_sha), ("lg", new_sha)):
                 prepared = []
                 for j in range(calls // 50):
                     for s in subjects:
                         keys, args = lim._call("acquire", s, (1,), T0 + (step[0] + j) * spacing)
-                        prepared.append(([keys[0][:-3] + suffix, keys[1]], args))
+                        prepared.append(([keys[0][: -len("lg")] + suffix, keys[1]], args))
                 seen[suffix].append(
                     script_us(client, lambda p=prepared, h=sha: [evalsha(client, h, c) for c in p])
                 )
             step[0] += calls // 50
-        old, new = statistics.median(seen["old"]), statistics.median(seen["sl2"])
+        old, new = statistics.median(seen["old"]), statistics.median(seen["lg"])
         rows.append([rules, f"{old:.1f}", f"{new:.1f}", f"{new / old:.2f}"])
     return rows
 

@@ -78,7 +78,7 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("sliding_log", "sliding_log", "sl2", True, _check_log),
+        Algorithm("sliding_log", "sliding_log", "lg", True, _check_log),
         Algorithm("gcra", "gcra", "gc", True, _check_gcra),
         Algorithm("token_bucket", "token_bucket", "tb", False, _check_bucket),
         Algorithm("fixed_window", "fixed_window", "fw", False, _no_check),

@@ -241,7 +241,7 @@ def test_the_first_layout_of_a_log_is_read_once(r: redis.Redis, prefix: str) -> 
     """A subject counted by an earlier governor (one stamp per unit under ':sl') keeps its
     counts: the new log reads them into its entries; reset forgets both."""
     lim = Limiter(r, "5/m", name="old", prefix=prefix)
-    old = lim.keys("o")[0][: -len("sl2")] + "sl"
+    old = lim.keys("o")[0][: -len("lg")] + "sl"
     base = int(T0 * 1000)
     r.rpush(old, "2000", "2000", "0", "f:0", f"b{base}")  # 3 stamps: two at +2 s, one at 0
     r.pexpire(old, 60_000)

@@ -38,10 +38,11 @@ local CAP = 20000  -- entries kept at most (governor.algorithms.MAX_LOG)
 local FIRST = 32  -- entries in the first read (with meta and base when they follow); then one by one
 
 -- A log written in governor's first layout (one stamp per unit, key suffix 'sl') becomes an
--- entry log under this key: read once, left to expire (older workers may still write it).
+-- entry log under this key (suffix 'lg'): read once, left to expire (older workers may still
+-- write it).
 local function migrate()
-  if not plain or string.sub(key, -4) ~= ':sl2' then return end
-  local old = string.sub(key, 1, -2)
+  if not plain or string.sub(key, -3) ~= ':lg' then return end
+  local old = string.sub(key, 1, -3) .. 'sl'
   local vals = redis.call('LRANGE', old, '0', '-1')
   if #vals < 2 then return end
   local f, t = string.match(vals[#vals - 1], '^f(%-?%d*):(%d+)$')
