@@ -194,9 +194,9 @@ def main() -> None:
                 memory(client, args.fill),
             )
         )
-        print("\nKeys look like governor:{partner-api:customer-12345}:sl (39 bytes; the other")
-        print("algorithms add 4 characters of rules fingerprint); every key has a TTL, which")
-        print("Redis keeps in a second table (about 40 bytes of each figure).")
+        print("\nKeys look like governor:{partner-api:customer-12345}:lg (39 bytes; the other")
+        print("algorithms end in two letters and a 4-character rules fingerprint); every key has")
+        print("a TTL, which Redis keeps in a second table (about 40 bytes of each figure).")
 
 
 if __name__ == "__main__":

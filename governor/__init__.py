@@ -9,7 +9,7 @@ True
 
 from typing import TYPE_CHECKING, Any
 
-from .decision import CapUsage, Decision, Hold, Holder, Pause, RuleUsage, Slot, Usage
+from .decision import CapUsage, Decision, Hold, Holder, Pause, RuleUsage, Settled, Slot, Usage
 from .errors import (
     ConfigError,
     CostError,
@@ -21,7 +21,8 @@ from .errors import (
     StorageUnavailable,
     SubjectError,
 )
-from .rules import Rule, parse_rules
+from .prices import Prices
+from .rules import Rule, parse_meters, parse_rules
 
 if TYPE_CHECKING:
     from .concurrency import Concurrency, Permit
@@ -40,15 +41,18 @@ __all__ = [
     "Limiter",
     "Pause",
     "Permit",
+    "Prices",
     "Rule",
     "RuleError",
     "RuleUsage",
+    "Settled",
     "Slot",
     "SlotLost",
     "StateError",
     "StorageUnavailable",
     "SubjectError",
     "Usage",
+    "parse_meters",
     "parse_rules",
 ]
 

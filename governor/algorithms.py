@@ -3,7 +3,7 @@
 ==================  =========================================================  ==========
 name                what it guarantees                                         bookings
 ==================  =========================================================  ==========
-``sliding_log``     exact: at most N in *any* window of W (a timestamp log)    yes
+``sliding_log``     exact: at most N in *any* window of W (a log of entries)   yes
 ``gcra``            smooth spacing W/N with a burst of N; O(1) memory          yes
 ``token_bucket``    N tokens refilled evenly over W; O(1) memory               no
 ``fixed_window``    at most N per calendar window (up to 2N across a boundary)  no
@@ -24,15 +24,21 @@ from .rules import Rule
 __all__ = ["ALGORITHMS", "MAX_LOG", "Algorithm", "get_algorithm"]
 
 MAX_LOG = 20_000
-"""The largest limit a sliding log accepts (it keeps that many timestamps per subject)."""
+"""The most entries a sliding log keeps per subject (one per ms in which calls were counted),
+and so the largest limit of a limiter without meters (whose calls may each count one unit).
+A limiter with meters takes larger limits: its log stays exact while its longest window holds
+at most this many entries (calls of at least limit / MAX_LOG units on average), and past that
+counts the oldest as a full window (stricter, never looser); see docs/token-quotas.md."""
 
 
 def _check_log(rules: tuple[Rule, ...]) -> None:
     for rule in rules:
         if rule.limit > MAX_LOG:
             raise RuleError(
-                f"rule {rule.text!r} would keep {rule.limit} timestamps per subject; the sliding "
-                f"log allows at most {MAX_LOG}. Use algorithm='sliding_window' for large limits"
+                f"rule {rule.text!r} would keep {rule.limit} entries per subject; the sliding "
+                f"log allows at most {MAX_LOG}. Use algorithm='sliding_window' for large limits, "
+                "or meters (Limiter(r, {'tokens': '1000000/d'}, ...)) when each call counts many "
+                "units"
             )
 
 
@@ -72,7 +78,7 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("sliding_log", "sliding_log", "sl", True, _check_log),
+        Algorithm("sliding_log", "sliding_log", "lg", True, _check_log),
         Algorithm("gcra", "gcra", "gc", True, _check_gcra),
         Algorithm("token_bucket", "token_bucket", "tb", False, _check_bucket),
         Algorithm("fixed_window", "fixed_window", "fw", False, _no_check),

@@ -8,17 +8,18 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .algorithms import Algorithm, get_algorithm
 from .blocks import block_call, block_reason, parse_pause, pause_call
 from .blocks import us as _us
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token, token_text
-from .decision import Decision, Hold, Pause, RuleUsage, Slot, Usage, seconds
-from .errors import ConfigError, CostError
+from .costs import MAX_UNITS, Cost, units_of
+from .decision import Decision, Hold, Pause, RuleUsage, Settled, Slot, Usage, seconds
+from .errors import ConfigError, CostError, RuleError
 from .keys import Subject, check_name, subject_text, tag
-from .rules import Rule, RuleSpec, parse_rules
+from .rules import MeterSpec, Rule, RuleSpec, parse_meters, parse_rules
 from .scripts import (
     algorithm_script,
     block_script,
@@ -34,6 +35,11 @@ Call = tuple[list[str], list[bytes | str | int]]
 BLOCK = "block"
 BACKOFF = "bo"
 """The key suffix of a subject's exponential backoff level (see pause.lua)."""
+SETTLED = "st"
+"""The key suffix of a subject's settled reservations (see common.lua, settle)."""
+LEGACY_LOG = "sl"
+"""The key suffix of governor's first sliding-log layout (one stamp per unit), which the
+sliding log reads once into its entry log (see sliding_log.lua)."""
 CAP_ONLY = "cap"
 """The state key suffix of a limiter with a cap and no rules (it keeps no rule state)."""
 
@@ -48,13 +54,18 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def _digest(text: str) -> str:
+    """A reservation id as Redis keeps it: 16 hex digits, whatever the caller's id."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
 class LimiterBase:
     """Configuration and protocol of a limiter; see :class:`governor.Limiter` for the API."""
 
     def __init__(
         self,
         client: Any,
-        rules: RuleSpec | None,
+        rules: RuleSpec | MeterSpec | None,
         *,
         algorithm: str = "sliding_log",
         name: str,
@@ -62,19 +73,48 @@ class LimiterBase:
         precision: int | None = None,
         concurrency: int | None = None,
         lease: float = 30.0,
+        settle_within: float = 600.0,
     ) -> None:
         self.client = client
         self.name = check_name("limiter name", name)
         self.prefix = check_name("prefix", prefix)
         self.cap: Cap | None = None if concurrency is None else Cap.make(concurrency, lease)
-        if rules is None or (self.cap is not None and (rules == "" or rules == ())):
+        self.meters: tuple[str, ...] = ()
+        """The meters' names, in order (empty for a limiter without meters)."""
+        self._meter_of: tuple[int, ...] = ()
+        """Per rule: the index of its meter."""
+        if isinstance(rules, Mapping):
+            metered = parse_meters(rules)
+            self.meters = tuple(meter for meter, _ in metered)
+            self.rules: tuple[Rule, ...] = tuple(rule for _, group in metered for rule in group)
+            self._meter_of = tuple(m for m, (_, group) in enumerate(metered) for _ in group)
+        elif rules is None or (self.cap is not None and (rules == "" or rules == ())):
             if self.cap is None:
                 raise ConfigError("a limiter needs rules, a concurrency cap, or both")
-            self.rules: tuple[Rule, ...] = ()
+            self.rules = ()
         else:
             self.rules = parse_rules(rules)
+            self._meter_of = (0,) * len(self.rules)
         self.algorithm: Algorithm = get_algorithm(algorithm)
-        self.algorithm.check(self.rules)
+        if self.meters:
+            # units, not calls: a sliding log keeps an entry per call (see docs/token-quotas.md)
+            for rule in self.rules:
+                if rule.limit > MAX_UNITS:
+                    raise RuleError(f"rule {rule.text!r}: a limit of at most {MAX_UNITS} units")
+            if self.algorithm.name != "sliding_log":
+                self.algorithm.check(self.rules)
+        else:
+            self.algorithm.check(self.rules)
+        if (
+            isinstance(settle_within, bool)
+            or not isinstance(settle_within, (int, float))
+            or not 0 < settle_within <= 366 * 86_400
+        ):
+            raise ConfigError(
+                f"settle_within must be a number of seconds up to 366 days, got {settle_within!r}"
+            )
+        self.settle_within = float(settle_within)
+        """Seconds after a reservation is counted during which it can be settled (its lease)."""
         numbers = [rule.limit for rule in self.rules] + [rule.period_us for rule in self.rules]
         if self.algorithm.name == "sliding_window":
             precision = 60 if precision is None else precision
@@ -94,11 +134,16 @@ class LimiterBase:
         # State that only makes sense under these rules lives under a key named after them, so
         # a changed rule set starts afresh instead of misreading old counters. (The sliding
         # log's stamps mean the same under any rules.)
+        # Meters add their names and which rule counts which (the sliding log's entries hold a
+        # number per meter, whatever the rules).
         self._suffix = self.algorithm.suffix
+        meters = ",".join(self.meters).encode() + bytes(self._meter_of) if self.meters else b""
         if not self.rules:
             self._suffix = CAP_ONLY
         elif self.algorithm.name != "sliding_log":
-            self._suffix += hashlib.sha1(self._packed).hexdigest()[:4]
+            self._suffix += hashlib.sha1(self._packed + meters).hexdigest()[:4]
+        elif self.meters:
+            self._suffix += hashlib.sha1(",".join(self.meters).encode()).hexdigest()[:4]
         if self.cap is None:
             self._script = algorithm_script(self.algorithm.script)
         else:
@@ -127,6 +172,44 @@ class LimiterBase:
         head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
         return head + self._suffix, head + BLOCK
 
+    def _state_keys(self, subject: Subject) -> list[str]:
+        """What :meth:`reset` deletes: the state, and a sliding log's first-layout key (else
+        the log would read it again)."""
+        state = self.keys(subject)[0]
+        if self.algorithm.name == "sliding_log" and not self.meters and self.rules:
+            return [state, state[: -len(self._suffix)] + LEGACY_LOG]
+        return [state]
+
+    # -- costs ------------------------------------------------------------------------------
+
+    def _units(self, cost: object, *, fits: bool = True) -> tuple[int, ...]:
+        """A cost as units per meter (one number without meters). ``fits``: with meters, a
+        cost larger than a rule can ever admit is refused at once (without meters the decision
+        says so: ``retry_after`` is infinite)."""
+        if not self.meters:
+            return (_cost(cost),) if isinstance(cost, int) else units_of(cost, ())
+        units = units_of(cost, self.meters)
+        if fits:
+            for rule, m in zip(self.rules, self._meter_of):
+                if units[m] > rule.limit:
+                    raise CostError(
+                        f"{units[m]} units of meter {self.meters[m]!r} are more than rule "
+                        f"{rule.text!r} of limiter {self.name!r} can ever admit"
+                    )
+        return units
+
+    def _cost_arg(self, units: tuple[int, ...]) -> int | str:
+        """ARGV[4]: the units, or per rule "<units>@<meter>" (see common.lua)."""
+        if not self.meters:
+            return units[0]
+        return " ".join(f"{units[m]}@{m + 1}" for m in self._meter_of)
+
+    def _estimate(self, decision: Decision) -> tuple[int, ...]:
+        """The units a decision counted, per meter."""
+        if self.meters and decision.units:
+            return units_of(dict(decision.units), self.meters, zero=True)
+        return self._units(decision.cost, fits=False)
+
     def cap_keys(self, subject: Subject) -> list[str]:
         """The subject's keys for its concurrency cap: state and block first, then the cap's
         holders, entries, waiters and finished copies (one hash tag)."""
@@ -148,7 +231,7 @@ class LimiterBase:
         self,
         op: str,
         subject: Subject,
-        cost: int,
+        cost: Cost | tuple[int, ...],
         now: float | None,
         *,
         not_before: float | None = None,
@@ -172,11 +255,15 @@ class LimiterBase:
                     f"{self.algorithm.name}"
                 )
             op = "acquire"
+        if isinstance(cost, tuple):
+            units = cost
+        else:
+            units = self._units(cost, fits=op not in ("refund", "usage"))
         args: list[bytes | str | int] = [
             self._packed,
             op,
             "" if now is None else _us(now, "now"),
-            _cost(cost),
+            self._cost_arg(units),
         ]
         wait = -1 if max_wait is None or max_wait == math.inf else _us(max_wait, "max_wait")
         if op == "reserve":
@@ -268,11 +355,14 @@ class LimiterBase:
     def _pause(reply: Sequence[Any]) -> Pause:
         return parse_pause(reply)
 
-    def _decision(self, reply: Any, cost: int = 1, hold: Hold | None = None) -> Decision:
+    def _decision(
+        self, reply: Any, cost: Cost | tuple[int, ...] = 1, hold: Hold | None = None
+    ) -> Decision:
         if hold is not None:
             return self._capped(reply, cost, hold)
         parts = reply.split(b" " if isinstance(reply, bytes) else " ", 8)
         allowed, retry, rule, remaining, reset, now, start, end = map(int, parts[:8])
+        units = cost if isinstance(cost, tuple) else self._units(cost, fits=False)
         return Decision(
             allowed=allowed == 1,
             retry_after=seconds(retry),
@@ -282,10 +372,11 @@ class LimiterBase:
             blocked=block_reason(parts[8])[0] if rule == -1 else None,
             now=now / 1_000_000,
             slot=Slot(start, end) if end else None,
-            cost=cost,
+            cost=max(units),
+            units=tuple(zip(self.meters, units)),
         )
 
-    def _capped(self, reply: Sequence[Any], cost: int, hold: Hold) -> Decision:
+    def _capped(self, reply: Sequence[Any], cost: Cost | tuple[int, ...], hold: Hold) -> Decision:
         """A decision of a capped limiter: {decision, fence, free slots, handed pairs...}."""
         text = reply[0]
         d = self._decision(text, cost)
@@ -300,7 +391,8 @@ class LimiterBase:
             blocked=d.blocked,
             now=d.now,
             slot=d.slot,
-            cost=cost,
+            cost=d.cost,
+            units=d.units,
             capped=_text(parts[8]) if int(parts[2]) == -2 else None,
             hold=Hold(hold.holder, hold.token, fence, hold.lease) if fence else None,
             handed=handed(reply[3:]),
@@ -315,7 +407,13 @@ class LimiterBase:
             subject=subject_text(subject),
             now=now / 1_000_000,
             rules=tuple(
-                RuleUsage(rule, per[3 * i], seconds(per[3 * i + 1]), seconds(per[3 * i + 2]))
+                RuleUsage(
+                    rule,
+                    per[3 * i],
+                    seconds(per[3 * i + 1]),
+                    seconds(per[3 * i + 2]),
+                    self.meters[self._meter_of[i]] if self.meters else None,
+                )
                 for i, rule in enumerate(self.rules)
             ),
             blocked=text,
@@ -324,6 +422,102 @@ class LimiterBase:
             booked=booked,
             booked_for=max(0.0, (last - now) / 1_000_000) if last else 0.0,
         )
+
+    # -- settling ---------------------------------------------------------------------------
+
+    def _settle_call(
+        self,
+        subject: Subject,
+        reservation: Decision | Slot,
+        used: Cost,
+        estimate_cost: Cost | None,
+        id: str | None,
+        now: float | None,
+    ) -> Call | None:
+        """A call of the algorithm's script that settles a reservation: a decision, or its slot
+        with the cost reserved (None: it reserved nothing)."""
+        if isinstance(reservation, Slot):
+            if estimate_cost is None:
+                raise CostError("settling a slot needs the cost it reserved: estimate=...")
+            slot: Slot | None = reservation
+            estimate = self._units(estimate_cost, fits=False)
+        else:
+            slot = reservation.slot
+            estimate = (
+                self._estimate(reservation)
+                if estimate_cost is None
+                else self._units(estimate_cost, fits=False)
+            )
+        if slot is None:
+            return None
+        actual = units_of(used, self.meters, what="use", zero=True, rest=estimate)
+        name = f"slot:{slot.start_us}:{slot.end_us}" if id is None else str(id)
+        head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
+        args: list[bytes | str | int] = [
+            self._packed,
+            "settle",
+            "" if now is None else _us(now, "now"),
+            self._cost_arg(estimate),
+            slot.start_us,
+            slot.end_us,
+            self._cost_arg(actual),
+            _us(self.settle_within, "settle_within"),
+            _digest(name),
+        ]
+        return [*self.keys(subject), head + SETTLED], args
+
+    def _settled(self, reply: Any) -> Settled:
+        parts = _text(reply).split()
+        numbers = [int(x) for x in parts[1:]]
+        return Settled(
+            status=parts[0],
+            now=numbers[0] / 1_000_000,
+            given_back=tuple(numbers[1::2]),
+            charged=tuple(numbers[2::2]),
+        )
+
+    def _sync_call(
+        self,
+        subject: Subject,
+        remaining: int,
+        meter: str | None,
+        reset_in: float | None,
+        now: float | None,
+    ) -> Call | None:
+        """A call that charges what the rule's room exceeds the upstream's ``remaining`` by
+        (None: the limiter has no rules)."""
+        if not self.rules:
+            return None
+        if self.meters:
+            if meter not in self.meters:
+                raise ConfigError(
+                    f"limiter {self.name!r}: say which meter the upstream counted, one of "
+                    f"{', '.join(map(repr, self.meters))}; got {meter!r}"
+                )
+            m = self.meters.index(meter)
+        elif meter is not None:
+            raise ConfigError(f"limiter {self.name!r} has no meters; got meter={meter!r}")
+        else:
+            m = 0
+        if isinstance(remaining, bool) or not isinstance(remaining, int) or remaining < 0:
+            raise CostError(f"remaining must be a non-negative integer, got {remaining!r}")
+        rule = 0
+        if reset_in is not None:
+            mine = [(r.period, i) for i, r in enumerate(self.rules) if self._meter_of[i] == m]
+            # the upstream's counter resets within its window: compare with the shortest of
+            # ours that is at least as long (else our longest)
+            longer = [p for p in mine if p[0] >= _us(reset_in, "reset_in") / 1e6]
+            rule = (min(longer) if longer else max(mine))[1] + 1
+        args: list[bytes | str | int] = [
+            self._packed,
+            "sync",
+            "" if now is None else _us(now, "now"),
+            self._cost_arg((1,) * max(1, len(self.meters))),
+            m + 1,
+            rule,
+            min(remaining, MAX_UNITS),
+        ]
+        return list(self.keys(subject)), args
 
     def _error(self, exc: Exception, keys: Sequence[str]) -> Exception:
         """Translate a redis-py error into a governor error (or return it unchanged)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .rules import Rule
 
-__all__ = ["CapUsage", "Decision", "Hold", "Holder", "RuleUsage", "Slot", "Usage"]
+__all__ = ["CapUsage", "Decision", "Hold", "Holder", "RuleUsage", "Settled", "Slot", "Usage"]
 
 _US = 1_000_000
 
@@ -95,7 +95,8 @@ class Decision:
     slot: Slot | None = None
     """The admission or booking this decision holds, for claim and refund."""
     cost: int = 1
-    """The units asked for (a refund gives back as many)."""
+    """The units asked for (a refund gives back as many). A limiter with meters: the largest
+    of :attr:`units`."""
     capped: str | None = None
     """Why the concurrency cap denied, or None: ``"full"`` (every slot is held or waited for;
     ``retry_after`` is only an estimate, the earliest lease's end), ``"copy"`` (a live copy of
@@ -105,11 +106,35 @@ class Decision:
     handed: tuple[tuple[str, str], ...] = ()
     """(holder, message) of waiters this call handed a freed slot to: the caller publishes
     each message (governor.celery does). Waiting processes are woken by Redis instead."""
+    units: tuple[tuple[str, int], ...] = ()
+    """A limiter with meters: the units asked for, per meter (``dict(decision.units)``); what
+    :meth:`~governor.Limiter.refund` gives back and :meth:`~governor.Limiter.settle` settles.
+    Empty for a limiter without meters."""
 
     @property
     def booked(self) -> bool:
         """True when the request was not admitted now but holds a future slot."""
         return not self.allowed and self.slot is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What :meth:`~governor.Limiter.settle` did with a reservation.
+
+    ``status`` is ``"settled"``, ``"duplicate"`` (its id was settled before: nothing changed)
+    or ``"lapsed"`` (its lease ended: the estimate stands, nothing changed). Per rule (in the
+    limiter's order): the units given back to its window, and the units charged now because
+    the use passed the estimate.
+    """
+
+    status: str
+    now: float
+    given_back: tuple[int, ...] = ()
+    charged: tuple[int, ...] = ()
+
+    @property
+    def settled(self) -> bool:
+        return self.status == "settled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +148,8 @@ class RuleUsage:
     """Seconds until this rule admits one more unit."""
     reset_after: float
     """Seconds until this rule counts nothing."""
+    meter: str | None = None
+    """The meter the rule counts (a limiter with meters), or None."""
 
     @property
     def limit(self) -> int:
@@ -146,9 +173,9 @@ class Usage:
     blocked_for: float
     """Seconds the manual block still lasts (0.0 when not blocked)."""
     booked: int = 0
-    """Bookings held for the future (sliding_log, gcra), counted in units of cost. The sliding
-    log keeps only its newest stamps (as many as the largest limit), so it counts at most that
-    many: :attr:`booked_for` tells how far the bookings reach."""
+    """Bookings held for the future (sliding_log, gcra), counted in units of cost (with meters:
+    of the first meter). The sliding log keeps at most :data:`~governor.algorithms.MAX_LOG`
+    entries, so it may count fewer: :attr:`booked_for` tells how far the bookings reach."""
     booked_for: float = 0.0
     """Seconds until the last booking held starts (0.0 when none)."""
     paused: bool = False

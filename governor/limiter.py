@@ -10,10 +10,11 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
 from .core import Call, LimiterBase
-from .decision import CapUsage, Decision, Hold, Pause, Slot, Usage
+from .costs import Cost
+from .decision import CapUsage, Decision, Hold, Pause, Settled, Slot, Usage
 from .direct import Lane, NotSent, lane_for
 from .keys import Subject, parse_key
-from .rules import RuleSpec
+from .rules import MeterSpec, RuleSpec
 from .scripts import LuaScript
 
 __all__ = ["Limiter"]
@@ -32,12 +33,20 @@ class Limiter(LimiterBase):
     call takes one round trip. ``now`` (Unix seconds) replaces Redis ``TIME`` for tests and replay.
     With a plain ``Redis`` client, decisions go over lean connections made with the client's
     settings (:mod:`governor.direct`); ``direct=False`` sends them through the client.
+
+    Rules per meter count what one call uses of several things at once, decided together
+    (docs/token-quotas.md): reserve an estimate, then :meth:`settle` the real use.
+
+    >>> llm = Limiter(redis.Redis(), {"requests": "500/m", "tokens": "30000/m, 1000000/d"},
+    ...               name="openai")
+    >>> d = llm.acquire("org-1", cost={"requests": 1, "tokens": 1800})  # all meters or none
+    >>> llm.settle("org-1", d, {"tokens": 950})    # the unused 850 go back   # doctest: +SKIP
     """
 
     def __init__(
         self,
         client: Any,
-        rules: RuleSpec | None,
+        rules: RuleSpec | MeterSpec | None,
         *,
         algorithm: str = "sliding_log",
         name: str,
@@ -46,6 +55,7 @@ class Limiter(LimiterBase):
         direct: bool = True,
         concurrency: int | None = None,
         lease: float = 30.0,
+        settle_within: float = 600.0,
     ) -> None:
         super().__init__(
             client,
@@ -56,6 +66,7 @@ class Limiter(LimiterBase):
             precision=precision,
             concurrency=concurrency,
             lease=lease,
+            settle_within=settle_within,
         )
         self.direct = direct
         self._lane_of: tuple[Any, Lane | None] = (None, None)
@@ -88,7 +99,7 @@ class Limiter(LimiterBase):
     def acquire(
         self,
         subject: Subject,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         holder: str | None = None,
@@ -108,7 +119,7 @@ class Limiter(LimiterBase):
     def peek(
         self,
         subject: Subject,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         holder: str | None = None,
@@ -121,7 +132,7 @@ class Limiter(LimiterBase):
     def reserve(
         self,
         subject: Subject,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         not_before: float | None = None,
@@ -157,7 +168,7 @@ class Limiter(LimiterBase):
         return self._decision(self._eval(self._script, call), cost, hold)
 
     def lease(
-        self, subject: Subject, cost: int = 1, *, span: float, now: float | None = None
+        self, subject: Subject, cost: Cost = 1, *, span: float, now: float | None = None
     ) -> Decision:
         """Admit ``cost`` units now that may be used at any moment up to ``span`` seconds later.
 
@@ -177,7 +188,7 @@ class Limiter(LimiterBase):
         self,
         subject: Subject,
         slot: Slot,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         max_wait: float | None = None,
@@ -215,7 +226,7 @@ class Limiter(LimiterBase):
         self,
         subject: Subject,
         decision: Decision | Slot,
-        cost: int | None = None,
+        cost: Cost | None = None,
         *,
         now: float | None = None,
     ) -> tuple[tuple[str, str], ...]:
@@ -228,15 +239,73 @@ class Limiter(LimiterBase):
         to (see :attr:`Decision.handed`).
         """
         slot = decision.slot if isinstance(decision, Decision) else decision
-        if cost is None:
-            cost = decision.cost if isinstance(decision, Decision) else 1
         if slot is None:
             return ()
+        if isinstance(decision, Decision):
+            units = self._estimate(decision)
+        else:
+            units = self._units(1, fits=False)
+        if cost is not None:
+            units = self._units(cost, fits=False)
         hold = self._refund_hold(decision)
         reply = self._eval(
-            self._script, self._call("refund", subject, cost, now, slot=slot, hold=hold)
+            self._script, self._call("refund", subject, units, now, slot=slot, hold=hold)
         )
         return handed(reply[3:]) if hold is not None else ()
+
+    def settle(
+        self,
+        subject: Subject,
+        reservation: Decision | Slot,
+        used: Cost,
+        *,
+        estimate: Cost | None = None,
+        id: str | None = None,
+        now: float | None = None,
+    ) -> Settled:
+        """Settle a reservation (an admission or booking) with the units really used.
+
+        Per rule, the estimate's units beyond the use go back to the window the reservation
+        was counted in, as far as it still counts there (the sliding log exactly; the others as
+        docs/token-quotas.md says); use beyond the estimate is charged now, admitted or not, so
+        later calls wait for it. ``used`` is an integer or, with meters, units per meter (a
+        meter left out was used as estimated). ``reservation`` is the decision that counted
+        it (for a booking: the claim's), or its slot with the ``estimate`` it counted.
+
+        A reservation is settled once: ``id`` (say, the task id; default: its slot) names it,
+        and a second settle of the same id changes nothing (``status == "duplicate"``).
+        Settling is a lease: after ``settle_within`` seconds from the reservation, the
+        estimate stands (``status == "lapsed"``). A denied decision reserved nothing: settled
+        as ``"unreserved"``.
+        """
+        if not self.rules:  # a concurrency cap alone counts no units
+            return Settled("settled", getattr(reservation, "now", 0.0))
+        call = self._settle_call(subject, reservation, used, estimate, id, now)
+        if call is None:
+            return Settled("unreserved", getattr(reservation, "now", 0.0))
+        return self._settled(self._eval(self._rates, call))
+
+    def sync_remaining(
+        self,
+        subject: Subject,
+        remaining: int,
+        *,
+        meter: str | None = None,
+        reset_in: float | None = None,
+        now: float | None = None,
+    ) -> int:
+        """The upstream reports ``remaining`` units of ``meter`` left (its own counter, e.g.
+        ``x-ratelimit-remaining-tokens``): when governor counts more room than that, charge
+        the difference now, so every worker sees the upstream's view. Returns the units charged
+        (0 when governor counted as much or more).
+
+        The room compared is that of the meter's rule whose window is the shortest at least
+        ``reset_in`` seconds long (the upstream's counter resets within its window; without
+        ``reset_in``: the meter's rule with the least room). The charge counts in every rule
+        of the meter, like the units of a call.
+        """
+        call = self._sync_call(subject, remaining, meter, reset_in, now)
+        return 0 if call is None else int(self._eval(self._rates, call))
 
     def usage(self, subject: Subject, *, now: float | None = None) -> Usage:
         """Per rule: units used, limit, seconds until one more fits and until it is all free."""
@@ -244,9 +313,9 @@ class Limiter(LimiterBase):
 
     def reset(self, subject: Subject) -> None:
         """Forget everything counted for ``subject`` (a manual block stays)."""
-        keys = self.keys(subject)
+        keys = self._state_keys(subject)
         try:
-            self.client.delete(keys[0])
+            self.client.delete(*keys)
         except (RedisError, RedisClusterException) as exc:
             raise self._error(exc, keys) from exc
 

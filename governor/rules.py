@@ -1,20 +1,22 @@
-"""Rules: "at most N per period", parsed from Celery-style strings.
+"""Rules: "at most N per period", parsed from Celery-style strings; meters: rules per unit.
 
 >>> parse_rules("1/s, 20/m, 200/h, 800/d")
 (Rule('1/s'), Rule('20/m'), Rule('200/h'), Rule('800/d'))
 >>> Rule.parse("5/30s").period
 30.0
+>>> parse_meters({"requests": "500/m", "tokens": "30000/m, 1000000/d"})
+(('requests', (Rule('500/m'),)), ('tokens', (Rule('30000/m'), Rule('1000000/d'))))
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import RuleError
 
-__all__ = ["Rule", "RuleSpec", "parse_rules"]
+__all__ = ["MeterSpec", "Rule", "RuleSpec", "parse_meters", "parse_rules"]
 
 _UNITS: dict[str, int] = {  # microseconds per unit
     "ms": 1_000,
@@ -39,6 +41,8 @@ _RULE = re.compile(
     r"^\s*(?P<limit>[+-]?\d+(?:\.\d+)?)\s*(?:/\s*(?P<mult>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+))?\s*$"
 )
 MAX_PERIOD_US = 366 * 86_400_000_000
+MAX_METERS = 16
+_METER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +153,30 @@ def parse_rules(spec: RuleSpec) -> tuple[Rule, ...]:
     if not rules:
         raise RuleError("no rules given: expected something like '10/s' or '1/s, 20/m'")
     return rules
+
+
+MeterSpec = Mapping[str, RuleSpec]
+"""Rules per meter: ``{"requests": "500/m", "tokens": "30000/m, 1000000/d"}``."""
+
+
+def parse_meters(spec: MeterSpec) -> tuple[tuple[str, tuple[Rule, ...]], ...]:
+    """Parse rules per meter (what one call uses several of: requests, tokens, micro-dollars).
+
+    A meter's name is 1 to 64 letters, digits, ``_``, ``.`` or ``-``; at most 16 meters.
+    """
+    if not isinstance(spec, Mapping) or not spec:
+        raise RuleError(
+            f"meters must be a mapping such as {{'requests': '500/m', 'tokens': '30000/m'}}, "
+            f"got {spec!r}"
+        )
+    if len(spec) > MAX_METERS:
+        raise RuleError(f"at most {MAX_METERS} meters, got {len(spec)}")
+    out = []
+    for name, rules in spec.items():
+        if not isinstance(name, str) or not _METER.match(name):
+            raise RuleError(f"meter name {name!r} must be 1 to 64 letters, digits, '_', '.' or '-'")
+        try:
+            out.append((name, parse_rules(rules)))
+        except RuleError as exc:
+            raise RuleError(f"meter {name!r}: {exc}") from None
+    return tuple(out)

@@ -16,7 +16,8 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
 from ..core import Call, LimiterBase
-from ..decision import CapUsage, Decision, Hold, Pause, Slot, Usage
+from ..costs import Cost
+from ..decision import CapUsage, Decision, Hold, Pause, Settled, Slot, Usage
 from ..keys import Subject, parse_key
 from ..scripts import LuaScript
 
@@ -39,7 +40,7 @@ class Limiter(LimiterBase):
     async def acquire(
         self,
         subject: Subject,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         holder: str | None = None,
@@ -53,7 +54,7 @@ class Limiter(LimiterBase):
     async def peek(
         self,
         subject: Subject,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         holder: str | None = None,
@@ -65,7 +66,7 @@ class Limiter(LimiterBase):
     async def reserve(
         self,
         subject: Subject,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         not_before: float | None = None,
@@ -90,7 +91,7 @@ class Limiter(LimiterBase):
         return self._decision(await self._eval(self._script, call), cost, hold)
 
     async def lease(
-        self, subject: Subject, cost: int = 1, *, span: float, now: float | None = None
+        self, subject: Subject, cost: Cost = 1, *, span: float, now: float | None = None
     ) -> Decision:
         call = self._call("lease", subject, cost, now, tolerance=span)
         return self._decision(await self._eval(self._script, call), cost)
@@ -99,7 +100,7 @@ class Limiter(LimiterBase):
         self,
         subject: Subject,
         slot: Slot,
-        cost: int = 1,
+        cost: Cost = 1,
         *,
         now: float | None = None,
         max_wait: float | None = None,
@@ -127,19 +128,54 @@ class Limiter(LimiterBase):
         self,
         subject: Subject,
         decision: Decision | Slot,
-        cost: int | None = None,
+        cost: Cost | None = None,
         *,
         now: float | None = None,
     ) -> tuple[tuple[str, str], ...]:
         slot = decision.slot if isinstance(decision, Decision) else decision
-        if cost is None:
-            cost = decision.cost if isinstance(decision, Decision) else 1
         if slot is None:
             return ()
+        if isinstance(decision, Decision):
+            units = self._estimate(decision)
+        else:
+            units = self._units(1, fits=False)
+        if cost is not None:
+            units = self._units(cost, fits=False)
         hold = self._refund_hold(decision)
-        call = self._call("refund", subject, cost, now, slot=slot, hold=hold)
+        call = self._call("refund", subject, units, now, slot=slot, hold=hold)
         reply = await self._eval(self._script, call)
         return handed(reply[3:]) if hold is not None else ()
+
+    async def settle(
+        self,
+        subject: Subject,
+        reservation: Decision | Slot,
+        used: Cost,
+        *,
+        estimate: Cost | None = None,
+        id: str | None = None,
+        now: float | None = None,
+    ) -> Settled:
+        """See :meth:`governor.Limiter.settle`."""
+        if not self.rules:  # a concurrency cap alone counts no units
+            return Settled("settled", getattr(reservation, "now", 0.0))
+        call = self._settle_call(subject, reservation, used, estimate, id, now)
+        if call is None:
+            return Settled("unreserved", getattr(reservation, "now", 0.0))
+        return self._settled(await self._eval(self._rates, call))
+
+    async def sync_remaining(
+        self,
+        subject: Subject,
+        remaining: int,
+        *,
+        meter: str | None = None,
+        reset_in: float | None = None,
+        now: float | None = None,
+    ) -> int:
+        """See :meth:`governor.Limiter.sync_remaining`."""
+        call = self._sync_call(subject, remaining, meter, reset_in, now)
+        return 0 if call is None else int(await self._eval(self._rates, call))
 
     # -- concurrency caps -----------------------------------------------------------------
 
@@ -192,9 +228,9 @@ class Limiter(LimiterBase):
         return self._usage(subject, reply)
 
     async def reset(self, subject: Subject) -> None:
-        keys = self.keys(subject)
+        keys = self._state_keys(subject)
         try:
-            await self.client.delete(keys[0])
+            await self.client.delete(*keys)
         except (RedisError, RedisClusterException) as exc:
             raise self._error(exc, keys) from exc
 

@@ -2,17 +2,28 @@
 --
 -- KEYS[1]  the subject's state (the algorithm's own key)
 -- KEYS[2]  the subject's manual block: a string "<until_us>:<reason>"
+-- KEYS[3]  settle only: ZSET of the reservations settled (id -> the end of its lease, us)
 -- ARGV[1]  the rules, packed once per limiter: little-endian doubles limit_1, ..., limit_n,
 --          window_us_1, ..., window_us_n, then the algorithm's extra (sliding_window: precision)
--- ARGV[2]  op: acquire | peek | reserve | claim | refund | usage | lease
+-- ARGV[2]  op: acquire | peek | reserve | claim | refund | usage | lease | settle | sync
 -- ARGV[3]  now in microseconds since the Unix epoch, or '' to read Redis TIME
--- ARGV[4]  cost (positive integer)
+-- ARGV[4]  cost: one positive integer every rule is charged, or (a limiter with meters) per
+--          rule "<units>@<meter>" separated by spaces: rule i is charged units of meter m
+--          (1-based; 0 units: the call does not use that meter and the rule does not decide)
 -- reserve: ARGV[5] not_before_us (0 = now), ARGV[6] max_wait_us (-1 = no limit),
 --          ARGV[7] tolerance_us (how late a booked task may start)
 -- claim:   ARGV[5] slot_start_us, ARGV[6] slot_end_us, ARGV[7] max_wait_us, ARGV[8] tolerance_us
 -- refund:  ARGV[5] slot_start_us, ARGV[6] slot_end_us
 -- lease:   ARGV[5] span_us: admit now, counted as if started at any moment up to span_us
 --          later (algorithms that book: a booking whose slot is now)
+-- settle:  ARGV[5] slot_start_us, ARGV[6] slot_end_us of the reservation (ARGV[4] is its
+--          estimate), ARGV[7] the units really used (same form as ARGV[4]), ARGV[8] lease_us
+--          (settled no later than slot_start + lease), ARGV[9] its id. Per rule, what the
+--          estimate held beyond the use goes back where it was counted (as far as it still
+--          counts: see each algorithm); use beyond the estimate is charged now, admitted or not.
+-- sync:    ARGV[5] meter (1-based), ARGV[6] rule (1-based; 0 = the meter's rule with the least
+--          room), ARGV[7] remaining: the upstream's room. What the rule's room now exceeds it by
+--          is charged now to the meter (every rule of it counts it).
 --
 -- Decision reply (acquire, peek, reserve, claim, lease), one string of space-separated fields:
 --   "allowed(0|1) retry_after_us(-1 = never) rule(1-based; 0 none; -1 manual block) remaining
@@ -21,6 +32,9 @@
 -- Usage reply: {now_us, block_until_us (0 = none), block_reason, booked (future bookings held),
 --   booked_until_us (when the last booking held starts; 0 = none), then per rule: used,
 --   retry_us, reset_us}. Refund reply: 1.
+-- Settle reply: "settled now_us back_1 charged_1 ... back_n charged_n" (units given back to and
+--   charged to each rule), or "duplicate now_us" (the id was settled before: nothing changes),
+--   or "lapsed now_us" (its lease ended: the estimate stands). Sync reply: units charged.
 local min, max, ceil = math.min, math.max, math.ceil
 local op = ARGV[2]
 local now = tonumber(ARGV[3])
@@ -31,14 +45,13 @@ if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end
-local cost = tonumber(ARGV[4])
 local not_before, max_wait, tol, slot_start, slot_end = 0, -1, 0, 0, 0
 if op == 'reserve' then
   not_before, max_wait, tol = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 elseif op == 'claim' then
   slot_start, slot_end = tonumber(ARGV[5]), tonumber(ARGV[6])
   max_wait, tol = tonumber(ARGV[7]), tonumber(ARGV[8])
-elseif op == 'refund' then
+elseif op == 'refund' or op == 'settle' then
   slot_start, slot_end = tonumber(ARGV[5]), tonumber(ARGV[6])
 elseif op == 'lease' then
   tol = tonumber(ARGV[5])
@@ -49,18 +62,46 @@ local rules_format = '<' .. string.rep('d', n)
 local lim = {struct.unpack(rules_format, ARGV[1])}
 local win = {struct.unpack(rules_format, ARGV[1], 8 * n + 1)}
 lim[n + 1], win[n + 1] = nil, nil
--- never: the first rule whose limit is below cost (such a request can never pass), or nil
+
+-- Per rule: the units charged (ARGV[4] form) and the meter they count in; M meters in all.
+-- plain: one integer for every rule (a limiter without meters).
+local function parse_cost(text)
+  local units, of = {}, {}
+  local one = tonumber(text)
+  if one then
+    for i = 1, n do units[i], of[i] = one, 1 end
+    return units, of, 1
+  end
+  local top = 1
+  for u, m in string.gmatch(text, '(%d+)@(%d+)') do
+    units[#units + 1], of[#of + 1] = tonumber(u), tonumber(m)
+    if of[#of] > top then top = of[#of] end
+  end
+  if #units ~= n then return error('governor: cost does not match the rules: ' .. text) end
+  return units, of, top
+end
+local cost, meter, M = parse_cost(ARGV[4])
+local plain = tonumber(ARGV[4]) ~= nil
+
+-- never: the first rule whose limit is below its cost (such a request can never pass), or nil
 local maxlim, maxwin, never = 0, 0, nil
 for i = 1, n do
   if lim[i] > maxlim then maxlim = lim[i] end
   if win[i] > maxwin then maxwin = win[i] end
-  if cost > lim[i] and not never then never = i end
+  if cost[i] > lim[i] and not never and op ~= 'settle' and op ~= 'sync' then never = i end
 end
 local extra = #ARGV[1] > 16 * n and struct.unpack('<d', ARGV[1], 16 * n + 1) or nil
 
 -- Integers as exact decimal text (tostring would round above 14 digits).
 local function fmt(x)
   return string.format('%d', x)
+end
+
+-- floor(a / b) for integers, exactly (a double quotient may round up to the next integer).
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
 end
 
 -- PEXPIRE argument for a duration in microseconds: rounded up, at least 1 ms. (Arguments to
@@ -126,4 +167,49 @@ local function pack_numbers(values)
     parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - j + 1), unpack(values, j, last))
   end
   return table.concat(parts)
+end
+
+-- settle: the units given back (estimate beyond use) and charged (use beyond estimate) per
+-- rule; sync: the units charged per rule. nil for other ops. A settle whose id was settled
+-- before, or whose lease ended, answers here: the algorithm never sees it.
+local give, charge = nil, nil
+if op == 'settle' then
+  local used = parse_cost(ARGV[7])
+  local ids, lease, id = KEYS[3], tonumber(ARGV[8]), ARGV[9]
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', '(' .. fmt(now))
+  if redis.call('ZSCORE', ids, id) then return 'duplicate ' .. fmt(now) end
+  if now > slot_start + lease then return 'lapsed ' .. fmt(now) end
+  redis.call('ZADD', ids, fmt(slot_start + lease), id)
+  local last = redis.call('ZRANGE', ids, '-1', '-1', 'WITHSCORES')[2]
+  redis.call('PEXPIRE', ids, ttl_ms(tonumber(last) - now))
+  give, charge = {}, {}
+  for i = 1, n do
+    give[i], charge[i] = max(0, cost[i] - used[i]), max(0, used[i] - cost[i])
+  end
+end
+
+local function settled_reply(back, charged)
+  local out = {'settled', fmt(now)}
+  for i = 1, n do
+    out[#out + 1] = fmt(back[i])
+    out[#out + 1] = fmt(charged[i])
+  end
+  return table.concat(out, ' ')
+end
+
+-- sync: the rule whose room is compared with the upstream's, given each rule's room now;
+-- returns the units to charge to the meter, per rule.
+local function sync_charge(room)
+  local m, rule, upstream = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local mine = nil
+  for i = 1, n do
+    if meter[i] == m and (rule == 0 or rule == i) then
+      local r = room(i)
+      if mine == nil or r < mine then mine = r end
+    end
+  end
+  local extra = max(0, (mine or 0) - upstream)
+  local out = {}
+  for i = 1, n do out[i] = meter[i] == m and extra or 0 end
+  return out, extra
 end

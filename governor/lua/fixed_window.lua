@@ -5,7 +5,12 @@
 --          window = floor(us / window_us). A different number of rules than stored starts afresh.
 -- KEYS[2]  manual block (see common.lua)
 -- ARGV     see common.lua; no extras. Bookings are not supported: reserve and claim act as acquire.
+--          A rule charged 0 units (another meter's call) neither decides nor counts.
 -- Returns  see common.lua.
+--
+-- Settle: units not used go back to the window the reservation was counted in, if it is still
+-- the current one (a passed window gives nothing back); use beyond the estimate is counted in
+-- the current window, admitted or not.
 local key = KEYS[1]
 local raw = redis.call('GET', key)
 local st = nil
@@ -19,6 +24,11 @@ end
 
 local function window_end(i)
   return (idx[i] + 1) * win[i] - now
+end
+
+-- Rule i's room now, in units.
+local function room(i)
+  return math.max(0, lim[i] - cnt[i])
 end
 
 local function remaining()
@@ -65,11 +75,26 @@ end
 if op == 'refund' then
   if st then
     for i = 1, n do
-      if idx[i] == math.floor(slot_start / win[i]) then cnt[i] = math.max(0, cnt[i] - cost) end
+      if idx[i] == math.floor(slot_start / win[i]) then cnt[i] = math.max(0, cnt[i] - cost[i]) end
     end
     store()
   end
   return 1
+end
+
+if op == 'settle' or op == 'sync' then
+  local back, extra, units = {}, 0, charge
+  if op == 'sync' then units, extra = sync_charge(room) end
+  for i = 1, n do
+    back[i] = 0
+    if op == 'settle' and idx[i] == math.floor(slot_start / win[i]) then
+      back[i] = math.min(give[i], cnt[i])
+    end
+    cnt[i] = cnt[i] - back[i] + units[i]
+  end
+  store()
+  if op == 'sync' then return extra end
+  return settled_reply(back, charge)
 end
 
 local untl, reason = read_block()
@@ -79,12 +104,14 @@ if never then return decision(0, -1, never, remaining(), reset_after(), 0, 0, ''
 
 local wait, rule = 0, 0
 for i = 1, n do
-  if cnt[i] + cost > lim[i] and window_end(i) > wait then wait, rule = window_end(i), i end
+  if cost[i] > 0 and cnt[i] + cost[i] > lim[i] and window_end(i) > wait then
+    wait, rule = window_end(i), i
+  end
 end
 if wait > 0 then
   return decision(0, wait, rule, remaining(), reset_after(), 0, 0, '')
 end
-for i = 1, n do cnt[i] = cnt[i] + cost end
+for i = 1, n do cnt[i] = cnt[i] + cost[i] end
 if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
 store()
 return decision(1, 0, 0, remaining(), reset_after(), now, now, '')

@@ -4,8 +4,14 @@
 -- KEYS[1]  STRING: each rule's theoretical arrival time in us; one rule: the number as text,
 --          several: packed little-endian doubles. A different number of rules starts afresh.
 -- KEYS[2]  manual block (see common.lua)
--- ARGV     see common.lua; no extras.
+-- ARGV     see common.lua; no extras. A rule charged 0 units (another meter's call) neither
+--          decides nor moves.
 -- Returns  see common.lua.
+--
+-- Settle: a reservation of e units counted at s is repaid by time at one unit per T; at t,
+-- at most its units still ahead of t, floor((s + e x T - t) / T), can go back (and none
+-- of what later calls already use: never more than the schedule holds past t). Use beyond the
+-- estimate is charged now: tat = max(tat, now) + units x T.
 local key = KEYS[1]
 local T, B, tat = {}, {}, {}
 local raw = redis.call('GET', key)
@@ -18,15 +24,19 @@ for i = 1, n do
   tat[i] = tat[i] or 0
 end
 
--- Earliest moment >= t0 at which every rule admits cost, and the rule that set it.
+-- Earliest moment >= t0 at which every rule admits its cost, and the rule that set it.
 local function earliest(t0)
   local at, rule = t0, 0
   for i = 1, n do
-    local x = tat[i] + cost * T[i] - B[i]
-    if x > at then at, rule = x, i end
+    local x = tat[i] + cost[i] * T[i] - B[i]
+    if cost[i] > 0 and x > at then at, rule = x, i end
   end
   return at, rule
 end
+
+-- The rule whose schedule names an admission or booking (slot_end): the first one charged.
+local first = 1
+while first < n and cost[first] == 0 do first = first + 1 end
 
 local function remaining(t)
   local best = nil
@@ -62,9 +72,24 @@ local function store()
   end
 end
 
--- Count cost at moment eff for every rule.
+-- Count the cost at moment eff for every rule charged.
 local function advance(eff)
-  for i = 1, n do tat[i] = math.max(tat[i], eff) + cost * T[i] end
+  for i = 1, n do
+    if cost[i] > 0 then tat[i] = math.max(tat[i], eff) + cost[i] * T[i] end
+  end
+end
+
+-- Rule i's room now, in units.
+local function room(i)
+  return math.max(0, math.min(lim[i], math.floor((now + B[i] - math.max(tat[i], now)) / T[i])))
+end
+
+-- Charge per-rule units now, admitted or not (settle's overrun, sync); a schedule reaches at
+-- most 2^52 us (142 years) ahead.
+local function charge_now(units)
+  for i = 1, n do
+    if units[i] > 0 then tat[i] = math.min(math.max(tat[i], now) + units[i] * T[i], now + 2 ^ 52) end
+  end
 end
 
 if op == 'usage' then
@@ -88,11 +113,30 @@ end
 if op == 'refund' then
   -- Only the newest admission or booking can be taken back: its emission is the last one in
   -- every rule. An older one would open a gap that later bookings already rely on.
-  if raw and tat[1] == math.max(slot_end, 0) + cost * T[1] then
-    for i = 1, n do tat[i] = tat[i] - cost * T[i] end
+  if raw and tat[first] == math.max(slot_end, 0) + cost[first] * T[first] then
+    for i = 1, n do tat[i] = tat[i] - cost[i] * T[i] end
     store()
   end
   return 1
+end
+
+if op == 'settle' then
+  local back = {}
+  for i = 1, n do
+    local ahead = math.min(slot_start + cost[i] * T[i], tat[i]) - now
+    back[i] = math.min(give[i], math.max(0, idiv(ahead, T[i])))
+    tat[i] = tat[i] - back[i] * T[i]
+  end
+  charge_now(charge)
+  store()
+  return settled_reply(back, charge)
+end
+
+if op == 'sync' then
+  local per_rule, extra = sync_charge(room)
+  charge_now(per_rule)
+  store()
+  return extra
 end
 
 local untl, reason = read_block()
@@ -112,13 +156,13 @@ end
 
 local at, rule = earliest(now)
 if at <= now and (op ~= 'reserve' or not_before <= now) then
-  local before = tat[1]
+  local before = tat[first]
   -- a lease counts as emitted at the end of its span (a booking whose slot is now)
   local eff = op == 'lease' and now + tol or now
   advance(eff)
   if op == 'peek' then return decision(1, 0, 0, remaining(now), reset_after(), 0, 0, '') end
   store()
-  -- the slot's end is where this admission sits in rule 1's schedule (for refunds)
+  -- the slot's end is where this admission sits in the first charged rule's schedule (refunds)
   return decision(1, 0, 0, remaining(now), reset_after(), now, math.max(before, eff), '')
 end
 if op ~= 'reserve' then

@@ -10,8 +10,13 @@
 --          it and one SET writes it with its expiry.
 -- KEYS[2]  manual block (see common.lua)
 -- ARGV     see common.lua; extra: precision.
---          Bookings are not supported: reserve and claim act as acquire.
+--          Bookings are not supported: reserve and claim act as acquire. A rule charged 0 units
+--          (another meter's call) neither decides nor counts.
 -- Returns  see common.lua.
+--
+-- Settle: units not used go back to the bucket the reservation was counted in while that
+-- bucket is still in the rule's window (an old one gives nothing back); use beyond the estimate
+-- is counted in the current bucket, admitted or not.
 local key = KEYS[1]
 local precision = extra
 local floor = math.floor
@@ -59,6 +64,26 @@ local function wait_for(i, c)
     if freed >= need then return (v[j] + 1) * P[i] + win[i] - now end
   end
   return -1
+end
+
+-- Rule i's room now, in units.
+local function room(i)
+  return max(0, lim[i] - cnt[i])
+end
+
+-- Count c more in rule i's current bucket, kept in order (a clock that stepped back may find
+-- newer buckets after it).
+local function count_now(i, c)
+  cnt[i] = cnt[i] + c
+  local v = live[i]
+  local j = #v - 1
+  while j > 0 and v[j] > cur[i] do j = j - 2 end
+  if j > 0 and v[j] == cur[i] then
+    v[j + 1] = v[j + 1] + c
+  else
+    table.insert(v, j + 2, cur[i])
+    table.insert(v, j + 3, c)
+  end
 end
 
 local function remaining()
@@ -109,23 +134,41 @@ if op == 'usage' then
   return usage_reply(per)
 end
 
+-- Take up to c back from rule i's bucket of moment t (if it is still in the window); returns
+-- what it took.
+local function take_back(i, t, c)
+  local b, v, kept, took = floor(t / P[i]), live[i], {}, 0
+  for j = 1, #v, 2 do
+    local left = v[j + 1]
+    if v[j] == b then
+      took = min(c, left)
+      left = left - took
+      cnt[i] = cnt[i] - took
+    end
+    if left > 0 then kept[#kept + 1], kept[#kept + 2] = v[j], left end
+  end
+  live[i] = kept
+  return took
+end
+
 if op == 'refund' then
   if raw then
-    for i = 1, n do
-      local b, v, kept = floor(slot_start / P[i]), live[i], {}
-      for j = 1, #v, 2 do
-        local c = v[j + 1]
-        if v[j] == b then
-          c = max(0, c - cost)
-          cnt[i] = cnt[i] - (v[j + 1] - c)
-        end
-        if c > 0 then kept[#kept + 1], kept[#kept + 2] = v[j], c end
-      end
-      live[i] = kept
-    end
+    for i = 1, n do take_back(i, slot_start, cost[i]) end
     store()
   end
   return 1
+end
+
+if op == 'settle' or op == 'sync' then
+  local back, extra, units = {}, 0, charge
+  if op == 'sync' then units, extra = sync_charge(room) end
+  for i = 1, n do
+    back[i] = op == 'settle' and take_back(i, slot_start, give[i]) or 0
+    if units[i] > 0 then count_now(i, units[i]) end
+  end
+  store()
+  if op == 'sync' then return extra end
+  return settled_reply(back, charge)
 end
 
 local untl, reason = read_block()
@@ -135,25 +178,14 @@ if never then return decision(0, -1, never, remaining(), reset_after(), 0, 0, ''
 
 local wait, rule = 0, 0
 for i = 1, n do
-  local w = wait_for(i, cost)
+  local w = cost[i] > 0 and wait_for(i, cost[i]) or 0
   if w > wait then wait, rule = w, i end
 end
 if wait > 0 then
   return decision(0, wait, rule, remaining(), reset_after(), 0, 0, '')
 end
 for i = 1, n do
-  -- count cost in the current bucket, kept in order (a clock that stepped back may find newer
-  -- buckets after it)
-  cnt[i] = cnt[i] + cost
-  local v = live[i]
-  local j = #v - 1
-  while j > 0 and v[j] > cur[i] do j = j - 2 end
-  if j > 0 and v[j] == cur[i] then
-    v[j + 1] = v[j + 1] + cost
-  else
-    table.insert(v, j + 2, cur[i])
-    table.insert(v, j + 3, cost)
-  end
+  if cost[i] > 0 then count_now(i, cost[i]) end
 end
 if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
 local reset = store()

@@ -7,7 +7,13 @@
 --          different number of rules than stored starts full.
 -- KEYS[2]  manual block (see common.lua)
 -- ARGV     see common.lua; no extras. Bookings are not supported: reserve and claim act as acquire.
+--          A rule charged 0 units (another meter's call) neither decides nor moves.
 -- Returns  see common.lua.
+--
+-- Settle: a reservation of e units taken at s has been refilled by time at N per W since; at
+-- t, at most its units not yet refilled, floor((e x W - (t - s) x N) / W), can go back (never
+-- beyond a full bucket). Use beyond the estimate is charged now: the level may go below zero
+-- (a debt later calls wait for; at most 2^52 token-us deep).
 local key = KEYS[1]
 local raw = redis.call('GET', key)
 local st = nil
@@ -19,7 +25,8 @@ for i = 1, n do
   if st then
     local lv, at = st[2 * i - 1], st[2 * i]
     if now > at then
-      if now - at >= win[i] then lv = cap[i] else lv = math.min(cap[i], lv + (now - at) * lim[i]) end
+      -- (a level below zero, after an overrun, takes longer than a window to refill)
+      if now - at >= ceil((cap[i] - lv) / lim[i]) then lv = cap[i] else lv = lv + (now - at) * lim[i] end
       at = now
     end
     level[i], seen[i] = lv, at
@@ -29,10 +36,20 @@ end
 local function remaining()
   local best = nil
   for i = 1, n do
-    local r = math.floor(level[i] / win[i])
+    local r = max(0, math.floor(level[i] / win[i]))
     if best == nil or r < best then best = r end
   end
   return best
+end
+
+-- Rule i's room now, in units.
+local function room(i)
+  return max(0, math.floor(level[i] / win[i]))
+end
+
+-- Charge per-rule units now, admitted or not (settle's overrun, sync).
+local function charge_now(units)
+  for i = 1, n do level[i] = max(-2 ^ 52, level[i] - units[i] * win[i]) end
 end
 
 local function reset_after()
@@ -73,10 +90,30 @@ if op == 'refund' then
   for i = 2, n do shortest = math.min(shortest, win[i]) end
   -- an older admission's tokens have come back by refill already
   if raw and now - slot_start < shortest then
-    for i = 1, n do level[i] = math.min(cap[i], level[i] + cost * win[i]) end
+    for i = 1, n do level[i] = math.min(cap[i], level[i] + cost[i] * win[i]) end
     store()
   end
   return 1
+end
+
+if op == 'settle' then
+  local back = {}
+  for i = 1, n do
+    local unfilled = idiv(cost[i] * win[i] - (now - slot_start) * lim[i], win[i])
+    local headroom = idiv(cap[i] - level[i], win[i])
+    back[i] = max(0, math.min(give[i], unfilled, headroom))
+    level[i] = level[i] + back[i] * win[i]
+  end
+  charge_now(charge)
+  store()
+  return settled_reply(back, charge)
+end
+
+if op == 'sync' then
+  local per_rule, extra = sync_charge(room)
+  charge_now(per_rule)
+  store()
+  return extra
 end
 
 local untl, reason = read_block()
@@ -86,8 +123,8 @@ if never then return decision(0, -1, never, remaining(), reset_after(), 0, 0, ''
 
 local wait, rule = 0, 0
 for i = 1, n do
-  local short = cost * win[i] - level[i]
-  if short > 0 then
+  local short = cost[i] * win[i] - level[i]
+  if cost[i] > 0 and short > 0 then
     local w = math.ceil(short / lim[i])
     if w > wait then wait, rule = w, i end
   end
@@ -95,7 +132,7 @@ end
 if wait > 0 then
   return decision(0, wait, rule, remaining(), reset_after(), 0, 0, '')
 end
-for i = 1, n do level[i] = level[i] - cost * win[i] end
+for i = 1, n do level[i] = level[i] - cost[i] * win[i] end
 if op == 'peek' then return decision(1, 0, 0, remaining(), reset_after(), 0, 0, '') end
 store()
 return decision(1, 0, 0, remaining(), reset_after(), now, now, '')

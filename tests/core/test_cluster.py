@@ -441,7 +441,10 @@ def test_cli_and_doctor_on_the_cluster(
 
         state = State(redis_url=url, prefix=prefix, cluster=True)
         with Dashboard(state, port=0, interval=0.3) as board:
-            (shown,) = get(f"{board.url}/api/limits")[1]["limits"]
+            read = wait_for(  # the first reading may still be under way
+                lambda: get(f"{board.url}/api/limits")[1]["limits"], bool, timeout=10
+            )
+            (shown,) = read
             assert shown["name"] == "partner-api" and len(shown["subjects"]) == MASTERS
             listed = get(f"{board.url}/api/limit?label=partner-api")[1]
             assert sorted(s["subject"] for s in listed["subjects"]) == sorted(subjects)

@@ -36,13 +36,13 @@ def test_escape_round_trips(value: str) -> None:
 def test_examples() -> None:
     limiter = Limiter(None, "1/s", name="partner-api")
     assert limiter.keys("customer-42") == (
-        "governor:{partner-api:customer-42}:sl",
+        "governor:{partner-api:customer-42}:lg",
         "governor:{partner-api:customer-42}:block",
     )
     assert limiter.keys(42) == limiter.keys("42")
-    assert Limiter(None, "1/s", name="a:b").keys("c")[0] == "governor:{a%3Ab:c}:sl"
-    assert Limiter(None, "1/s", name="a").keys("b:c")[0] == "governor:{a:b%3Ac}:sl"
-    assert Limiter(None, "1/s", name="x").keys("{}")[0] == "governor:{x:%7B%7D}:sl"
+    assert Limiter(None, "1/s", name="a:b").keys("c")[0] == "governor:{a%3Ab:c}:lg"
+    assert Limiter(None, "1/s", name="a").keys("b:c")[0] == "governor:{a:b%3Ac}:lg"
+    assert Limiter(None, "1/s", name="x").keys("{}")[0] == "governor:{x:%7B%7D}:lg"
 
 
 @pytest.mark.parametrize("bad", ["", None, 1.5, b"bytes", True, ["x"]])

@@ -92,12 +92,18 @@ def pick(
 
 
 def _log(client: redis.Redis, key: str) -> Counter[int]:
-    """The stamps of a sliding log (absolute ms, with repeats): [offsets..., meta, b<base>]."""
+    """The units of a sliding log per stamp (absolute ms): [offset, y, ..., meta, b<base>],
+    newest first, an entry's units being y - y_below + 1 (see sliding_log.lua)."""
     raw = [x.decode() for x in client.lrange(key, 0, -1)]
     if len(raw) < 2:
         return Counter()
-    base = int(raw[-1][1:])
-    return Counter(base + int(offset) for offset in raw[:-2])
+    base, below = int(raw[-1][1:]), int(raw[-2].rsplit(":", 1)[1])
+    out: Counter[int] = Counter()
+    for j in range(len(raw) - 4, -1, -2):  # oldest first
+        y = int(raw[j + 1])
+        out[base + int(raw[j])] = y - below + 1
+        below = y
+    return out
 
 
 def _junk_size() -> int:
@@ -177,8 +183,8 @@ class ClusterKill:
             time.sleep(0.02)
 
     def _written(self, master: redis.Redis) -> int:
-        """Stamps in the master's log (its last two elements are meta and base)."""
-        return int(master.llen(self.key)) - 2 if self.key else 0
+        """Units in the master's log."""
+        return sum(_log(master, self.key).values()) if self.key else 0
 
     def _kill(self, master: redis.Redis) -> None:
         command(master, "CLIENT", "PAUSE", PAUSE_MS, "WRITE")

@@ -16,100 +16,203 @@ from typing import Any
 
 Decision = tuple[bool, int, int, int, int, int, int]
 Rules = list[tuple[int, int]]  # (limit, window_us)
+Cost = int | tuple[int, ...]  # every rule, or units per meter
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class SlidingLog:
-    """At most N in any window: the admission stamps (ms, rounded up), sorted newest first.
+class Costed:
+    """What every model shares: costs per rule, meters, and the settle records.
 
-    A moment x can take `cost` more when, for every rule, the stamps in
-    (x - W, x + W + tolerance + maxtol) leave room for it (maxtol: the largest tolerance a
-    booking used). Bookings are stamped at slot + tolerance. Only the largest limit's worth of
-    stamps is kept; the newest one dropped is remembered as a floor, and missing stamps count as
-    stamped at the floor.
+    ``meter_of`` gives each rule's meter (0-based); a cost is an integer (every rule) or units
+    per meter. A settle is answered here when its id was settled before or its lease ended.
+    """
+
+    def __init__(self, rules: Rules, meter_of: list[int] | None = None) -> None:
+        self.rules = rules
+        self.meter_of = meter_of or [0] * len(rules)
+        self.meters = max(self.meter_of) + 1
+        self.settled: dict[str, int] = {}  # id -> the end of its lease (us)
+
+    def per_rule(self, cost: Cost) -> list[int]:
+        if isinstance(cost, int):
+            return [cost] * len(self.rules)
+        return [cost[m] for m in self.meter_of]
+
+    def per_meter(self, per_rule: list[int]) -> list[int]:
+        w = [0] * self.meters
+        for i, m in enumerate(self.meter_of):
+            w[m] = per_rule[i]
+        return w
+
+    def never(self, c: list[int]) -> int:
+        return next((i for i, ((n, _), x) in enumerate(zip(self.rules, c), 1) if x > n), 0)
+
+    def settle_check(self, now: int, start: int, lease: int, ident: str) -> str | None:
+        """ "duplicate" or "lapsed" (nothing changes), or None: settle it (recorded)."""
+        self.settled = {k: v for k, v in self.settled.items() if v >= now}
+        if ident in self.settled:
+            return "duplicate"
+        if now > start + lease:
+            return "lapsed"
+        self.settled[ident] = start + lease
+        return None
+
+    def sync_extra(self, room: Any, meter: int, rule: int, upstream: int) -> list[int]:
+        """The units to charge per rule: what the compared room exceeds the upstream's by."""
+        mine = [
+            room(i)
+            for i, m in enumerate(self.meter_of)
+            if m == meter and (rule == 0 or rule == i + 1)
+        ]
+        extra = max(0, min(mine) - upstream) if mine else 0
+        return [extra if m == meter else 0 for m in self.meter_of]
+
+
+class SlidingLog(Costed):
+    """At most N units in any window: entries (stamp in ms, rounded up; units per meter), one per
+    ms, sorted newest first.
+
+    A moment x can take cost_i more units under rule i when the units in
+    (x - W, x + W + tolerance + maxtol) leave room for them (maxtol: the largest tolerance a
+    booking used). Bookings are stamped at slot + tolerance. Entries at or before now minus the
+    longest window are dropped when the log is written (the newest one dropped is remembered as
+    a floor, and units missing below the log count as a full window stamped at the floor). Past
+    CAP entries, the past is merged two by two at the newer stamps.
     """
 
     books = True
+    CAP = 20_000
 
-    def __init__(self, rules: Rules) -> None:
-        self.rules = rules
-        self.keep = max(n for n, _ in rules)
-        self.stamps: list[int] = []  # absolute ms, newest first
+    def __init__(self, rules: Rules, meter_of: list[int] | None = None) -> None:
+        super().__init__(rules, meter_of)
+        self.maxwin = max(w for _, w in rules)
+        self.entries: list[list[int]] = []  # [stamp_ms, units per meter...], newest first
         self.floor: int | None = None
         self.maxtol = 0
         self.exists = False
 
-    def _entry(self, i: int) -> int | None:
-        """Stamp of the i-th newest admission in us (the floor beyond the stamps)."""
-        if i < len(self.stamps):
-            return self.stamps[i] * 1000
+    def _head(self) -> int | None:
+        if self.entries:
+            return self.entries[0][0] * 1000
         return None if self.floor is None else self.floor * 1000
 
     def _far(self, horizon: int) -> int:
-        """How many stamps are at or after `horizon` (they cannot share a window)."""
-        return sum(1 for s in self.stamps if s * 1000 >= horizon)
+        """How many entries are at or after `horizon` (they cannot share a window)."""
+        return sum(1 for e in self.entries if e[0] * 1000 >= horizon)
 
-    def _used(self, limit: int, window: int, x: int, tol: int) -> int:
-        skip = self._far(x + window + tol + self.maxtol + 1000)
-        inside = [s for s in self.stamps[skip : skip + limit] if s * 1000 > x - window]
+    def _skip(self, window: int, x: int, tol: int) -> int:
+        return self._far(x + window + tol + self.maxtol + 1000)
+
+    def _used(self, i: int, x: int, tol: int) -> int:
+        limit, window = self.rules[i]
+        skip = self._skip(window, x, tol)
+        inside = [e for e in self.entries[skip:] if e[0] * 1000 > x - window]
         floor_inside = self.floor is not None and self.floor * 1000 > x - window
-        if skip + len(inside) == len(self.stamps) < skip + limit and floor_inside:
+        if skip + len(inside) == len(self.entries) and floor_inside:
             return limit
-        return len(inside)
+        return min(limit, sum(e[1 + self.meter_of[i]] for e in inside))
 
-    def _place(self, t0: int, cost: int, tol: int) -> tuple[int | None, int]:
+    def _cut(self, i: int, x: int, tol: int, room: int) -> int | None:
+        """The stamp (us) of the first entry from the horizon down at which rule i's units pass
+        `room`; past the entries the floor, or None."""
+        _, window = self.rules[i]
+        total = 0
+        for e in self.entries[self._skip(window, x, tol) :]:
+            total += e[1 + self.meter_of[i]]
+            if total > room:
+                return e[0] * 1000
+        return None if self.floor is None else self.floor * 1000
+
+    def _place(self, t0: int, c: list[int], tol: int) -> tuple[int | None, int]:
         x, first = t0, 0
         for round_ in range(8):
             moved = False
-            for i, (limit, window) in enumerate(self.rules, 1):
-                skip = self._far(x + window + tol + self.maxtol + 1000)
-                e = self._entry(skip + limit - cost)
+            for i, (limit, window) in enumerate(self.rules):
+                if c[i] == 0:
+                    continue
+                e = self._cut(i, x, tol, limit - c[i])
                 if e is not None and e + window > x:
                     x, moved = e + window, True
                     if round_ == 0:
-                        first = i
+                        first = i + 1
             if not moved:
                 return x, first
         return None, first
 
-    def _remaining(self, now: int, extra: int) -> int:
+    def _remaining(self, now: int, extra: list[int] | None) -> int:
         return min(
-            max(0, limit - self._used(limit, window, now, 0) - extra)
-            for limit, window in self.rules
+            max(0, limit - self._used(i, now, 0) - (extra[i] if extra else 0))
+            for i, (limit, _) in enumerate(self.rules)
         )
 
     def _reset(self, now: int) -> int:
-        head = self._entry(0)
-        return 0 if head is None else max(0, head + max(w for _, w in self.rules) - now)
+        head = self._head()
+        return 0 if head is None else max(0, head + self.maxwin - now)
 
-    def _insert(self, stamp_ms: int, cost: int, tol: int) -> None:
+    def _insert(self, stamp_ms: int, w: list[int]) -> None:
         self.exists = True
-        at = sum(1 for s in self.stamps if s > stamp_ms)
-        self.stamps[at:at] = [stamp_ms] * cost
-        self.maxtol = max(self.maxtol, tol)
-        if len(self.stamps) > self.keep:
-            self.floor = self.stamps[self.keep]
-            del self.stamps[self.keep :]
+        at = sum(1 for e in self.entries if e[0] > stamp_ms)
+        if at < len(self.entries) and self.entries[at][0] == stamp_ms:
+            self.entries[at] = [stamp_ms, *(a + b for a, b in zip(self.entries[at][1:], w))]
+        else:
+            self.entries.insert(at, [stamp_ms, *w])
 
-    def _release(self, stamp_us: int, cost: int) -> None:
-        for _ in range(cost):
-            if stamp_us // 1000 in self.stamps:
-                self.stamps.remove(stamp_us // 1000)
-        if not self.stamps and self.floor is None:
+    def _trim(self, now: int) -> None:
+        self._drop(sum(1 for e in self.entries if e[0] * 1000 > now - self.maxwin))
+        if len(self.entries) > self.CAP:
+            self._coarsen(now)
+
+    def _coarsen(self, now: int) -> None:
+        """Past CAP entries: the past (stamped up to now) merged two by two from the oldest, each
+        pair at its newer stamp; then, if still past CAP, the oldest go below the floor."""
+        p = sum(1 for e in self.entries if e[0] * 1000 > now)
+        past = self.entries[p:][::-1]  # oldest first
+        if len(past) >= 2:
+            merged = []
+            for j in range(0, len(past), 2):
+                pair = past[j : j + 2]
+                merged.append([pair[-1][0], *(sum(w) for w in zip(*(e[1:] for e in pair)))])
+            self.entries = self.entries[:p] + merged[::-1]
+        self._drop(self.CAP)
+
+    def _drop(self, t: int) -> None:
+        if t < len(self.entries):
+            newest = self.entries[t][0]
+            self.floor = newest if self.floor is None else max(self.floor, newest)
+            del self.entries[t:]
+
+    def _take_back(self, stamp_us: int, w: list[int]) -> list[int] | None:
+        for j, e in enumerate(self.entries):
+            if e[0] * 1000 == stamp_us:
+                took = [min(a, b) for a, b in zip(w, e[1:])]
+                e[1:] = [b - a for a, b in zip(took, e[1:])]
+                if not any(e[1:]):
+                    del self.entries[j]
+                return took
+        return None
+
+    def _finish(self) -> None:
+        if self.exists and not self.entries and self.floor is None:
             self.maxtol = 0
             self.exists = False
 
+    def _charge(self, now: int, per_rule: list[int]) -> None:
+        w = self.per_meter(per_rule)
+        if any(w):
+            self._insert(-(-now // 1000), w)
+            self._trim(now)
+
     def usage(self, now: int) -> list[tuple[int, int, int]]:
         out = []
-        head = self._entry(0)
-        for limit, window in self.rules:
-            e = self._entry(self._far(now + window + self.maxtol + 1000) + limit - 1)
+        head = self._head()
+        for i, (limit, window) in enumerate(self.rules):
+            e = self._cut(i, now, 0, limit - 1)
             out.append(
                 (
-                    self._used(limit, window, now, 0),
+                    self._used(i, now, 0),
                     0 if e is None else max(0, e + window - now),
                     0 if head is None else max(0, head + window - now),
                 )
@@ -117,53 +220,91 @@ class SlidingLog:
         return out
 
     def booked(self, now: int) -> int:
-        return sum(1 for s in self.stamps if s * 1000 > now + 1000)
+        return sum(e[1] for e in self.entries if e[0] * 1000 > now + 1000)
 
-    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
-        self._release(slot_end, cost)
+    def refund(self, slot_start: int, slot_end: int, cost: Cost, now: int) -> None:
+        self._take_back(slot_end, self.per_meter(self.per_rule(cost)))
+        self._finish()
+
+    def settle(
+        self,
+        now: int,
+        slot: tuple[int, int],
+        estimate: Cost,
+        used: Cost,
+        lease: int,
+        ident: str,
+    ) -> tuple[str, list[int], list[int]]:
+        status = self.settle_check(now, slot[0], lease, ident)
+        if status:
+            return status, [], []
+        e, a = self.per_rule(estimate), self.per_rule(used)
+        give = [max(0, x - y) for x, y in zip(e, a)]
+        charge = [max(0, y - x) for x, y in zip(e, a)]
+        took = self._take_back(slot[1], self.per_meter(give))
+        back = [
+            took[self.meter_of[i]] if took is not None and slot[1] > now - window else 0
+            for i, (_, window) in enumerate(self.rules)
+        ]
+        self._charge(now, charge)
+        self._finish()
+        return "settled", back, charge
+
+    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+        per_rule = self.sync_extra(
+            lambda i: max(0, self.rules[i][0] - self._used(i, now, 0)), meter, rule, upstream
+        )
+        self._charge(now, per_rule)
+        self._finish()
+        return max(per_rule)
 
     def decide(
         self,
         op: str,
         now: int,
-        cost: int,
+        cost: Cost,
         not_before: int = 0,
         max_wait: int = -1,
         tol: int = 0,
         slot: tuple[int, int] = (0, 0),
     ) -> Decision:
-        never = next((i for i, (limit, _) in enumerate(self.rules, 1) if cost > limit), 0)
+        c = self.per_rule(cost)
+        never = self.never(c)
         if never:
-            return (False, -1, never, self._remaining(now, 0), self._reset(now), 0, 0)
+            return (False, -1, never, self._remaining(now, None), self._reset(now), 0, 0)
         if op == "claim":
             start, end = slot
             if now < start:
-                return (False, start - now, 0, self._remaining(now, 0), self._reset(now), *slot)
+                return (False, start - now, 0, self._remaining(now, None), self._reset(now), *slot)
             if now <= end:
-                return (True, 0, 0, self._remaining(now, 0), self._reset(now), *slot)
+                return (True, 0, 0, self._remaining(now, None), self._reset(now), *slot)
             op = "reserve"  # late: the missed slot stays spent
         span = tol if op == "lease" else 0  # a lease: a booking whose slot is now
-        at, rule = self._place(now, cost, span)
+        at, rule = self._place(now, c, span)
+        w = self.per_meter(c)
         if at is not None and at <= now and (op != "reserve" or not_before <= now):
             stamp = -(-(now + span) // 1000)
-            remaining = self._remaining(now, cost)
+            remaining = self._remaining(now, c)
             if op == "peek":
                 return (True, 0, 0, remaining, self._reset(now), 0, 0)
-            self._insert(stamp, cost, span)
+            self._insert(stamp, w)
+            self.maxtol = max(self.maxtol, span)
+            self._trim(now)
             return (True, 0, 0, remaining, self._reset(now), now, stamp * 1000)
         if op != "reserve":
             wait = at - now if at is not None else self._reset(now)
-            return (False, wait, rule, self._remaining(now, 0), self._reset(now), 0, 0)
-        gap = math.ceil(min(w / n for n, w in self.rules) * cost)
+            return (False, wait, rule, self._remaining(now, None), self._reset(now), 0, 0)
+        gap = math.ceil(min(wi / n * x for (n, wi), x in zip(self.rules, c) if x > 0))
 
         def spaced(t0: int) -> int | None:
             x: int | None = t0
             for _ in range(8):
-                x, _rule = self._place(x, cost, tol)  # type: ignore[arg-type]
+                x, _rule = self._place(x, c, tol)  # type: ignore[arg-type]
                 if x is None:
                     return None
-                before = sum(1 for s in self.stamps if s * 1000 > -(-(x + tol) // 1000) * 1000)
-                prev = self.stamps[before] * 1000 if before < len(self.stamps) else None
+                mark = -(-(x + tol) // 1000) * 1000
+                before = sum(1 for e in self.entries if e[0] * 1000 > mark)
+                prev = self.entries[before][0] * 1000 if before < len(self.entries) else None
                 if prev is None or prev - tol + gap <= x:
                     return x
                 x = prev - tol + gap
@@ -171,32 +312,35 @@ class SlidingLog:
 
         slot_at = spaced(max(now, not_before))
         if slot_at is None:
-            head = self._entry(0)
+            head = self._head()
             behind = max(now, not_before, now if head is None else head - tol + gap)
             slot_at = spaced(behind)
             slot_at = behind if slot_at is None else slot_at
         if max_wait >= 0 and slot_at - now > max_wait:
-            return (False, slot_at - now, rule, self._remaining(now, 0), self._reset(now), 0, 0)
+            return (False, slot_at - now, rule, self._remaining(now, None), self._reset(now), 0, 0)
         stamp = -(-(slot_at + tol) // 1000)
-        self._insert(stamp, cost, tol)
+        self._insert(stamp, w)
+        self.maxtol = max(self.maxtol, tol)
+        self._trim(now)
         return (
             False,
             slot_at - now,
             rule,
-            self._remaining(now, 0),
+            self._remaining(now, None),
             self._reset(now),
             slot_at,
             stamp * 1000,
         )
 
 
-class Gcra:
-    """GCRA per rule: emission interval T = ceil(W / N), burst N (tolerance B = N * T)."""
+class Gcra(Costed):
+    """GCRA per rule: emission interval T = ceil(W / N), burst N (tolerance B = N * T). A rule
+    charged nothing neither decides nor moves; a key whose every tat has passed is deleted."""
 
     books = True
 
-    def __init__(self, rules: Rules) -> None:
-        self.rules = rules
+    def __init__(self, rules: Rules, meter_of: list[int] | None = None) -> None:
+        super().__init__(rules, meter_of)
         self.T = [ceil_div(w, n) for n, w in rules]
         self.B = [t * n for t, (n, _) in zip(self.T, rules)]
         self.tat = [0] * len(rules)
@@ -210,12 +354,23 @@ class Gcra:
     def _reset(self, now: int, tat: list[int]) -> int:
         return max([now, *tat]) - now
 
-    def _earliest(self, t0: int, cost: int) -> tuple[int, int]:
+    def _earliest(self, t0: int, c: list[int]) -> tuple[int, int]:
         at, rule = t0, 0
         for i, (t, b, x) in enumerate(zip(self.T, self.B, self.tat), 1):
-            if x + cost * t - b > at:
-                at, rule = x + cost * t - b, i
+            if c[i - 1] > 0 and x + c[i - 1] * t - b > at:
+                at, rule = x + c[i - 1] * t - b, i
         return at, rule
+
+    def _advance(self, eff: int, c: list[int]) -> list[int]:
+        return [max(x, eff) + n * t if n else x for x, t, n in zip(self.tat, self.T, c)]
+
+    def _store(self, now: int) -> None:
+        if max(self.tat) <= now:  # fully replenished: no state is kept
+            self.tat = [0] * len(self.tat)
+
+    @staticmethod
+    def _first(c: list[int]) -> int:
+        return next((i for i, x in enumerate(c) if x > 0), len(c) - 1)
 
     def usage(self, now: int) -> list[tuple[int, int, int]]:
         return [
@@ -223,24 +378,65 @@ class Gcra:
             for (n, _), t, b, x in zip(self.rules, self.T, self.B, self.tat)
         ]
 
-    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+    def refund(self, slot_start: int, slot_end: int, cost: Cost, now: int) -> None:
         # only the newest admission or booking can be taken back
-        if any(self.tat) and self.tat[0] == max(slot_end, 0) + cost * self.T[0]:
-            self.tat = [x - cost * t for x, t in zip(self.tat, self.T)]
-            if max(self.tat) <= now:  # fully replenished: no state is kept
-                self.tat = [0] * len(self.tat)
+        c = self.per_rule(cost)
+        f = self._first(c)
+        if any(self.tat) and self.tat[f] == max(slot_end, 0) + c[f] * self.T[f]:
+            self.tat = [x - n * t for x, n, t in zip(self.tat, c, self.T)]
+            self._store(now)
+
+    def _charge(self, now: int, units: list[int]) -> None:
+        self.tat = [
+            min(max(x, now) + u * t, now + 2**52) if u else x
+            for x, u, t in zip(self.tat, units, self.T)
+        ]
+
+    def settle(
+        self,
+        now: int,
+        slot: tuple[int, int],
+        estimate: Cost,
+        used: Cost,
+        lease: int,
+        ident: str,
+    ) -> tuple[str, list[int], list[int]]:
+        status = self.settle_check(now, slot[0], lease, ident)
+        if status:
+            return status, [], []
+        e, a = self.per_rule(estimate), self.per_rule(used)
+        back = []
+        for i, (x, y) in enumerate(zip(e, a)):
+            ahead = min(slot[0] + x * self.T[i], self.tat[i]) - now
+            back.append(min(max(0, x - y), max(0, ahead // self.T[i])))
+            self.tat[i] -= back[i] * self.T[i]
+        charge = [max(0, y - x) for x, y in zip(e, a)]
+        self._charge(now, charge)
+        self._store(now)
+        return "settled", back, charge
+
+    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+        def room(i: int) -> int:
+            n, t, b = self.rules[i][0], self.T[i], self.B[i]
+            return max(0, min(n, (now + b - max(self.tat[i], now)) // t))
+
+        per_rule = self.sync_extra(room, meter, rule, upstream)
+        self._charge(now, per_rule)
+        self._store(now)
+        return max(per_rule)
 
     def decide(
         self,
         op: str,
         now: int,
-        cost: int,
+        cost: Cost,
         not_before: int = 0,
         max_wait: int = -1,
         tol: int = 0,
         slot: tuple[int, int] = (0, 0),
     ) -> Decision:
-        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        c = self.per_rule(cost)
+        never = self.never(c)
         if never:
             return (
                 False,
@@ -259,13 +455,13 @@ class Gcra:
             if now <= end:
                 return (True, 0, 0, rem, reset, *slot)
             op = "reserve"
-        at, rule = self._earliest(now, cost)
+        at, rule = self._earliest(now, c)
         if at <= now and (op != "reserve" or not_before <= now):
             eff = now + tol if op == "lease" else now  # a lease counts at the end of its span
-            tat = [max(x, eff) + cost * t for x, t in zip(self.tat, self.T)]
+            tat = self._advance(eff, c)
             if op == "peek":
                 return (True, 0, 0, self._remaining(now, tat), self._reset(now, tat), 0, 0)
-            before, self.tat = self.tat[0], tat
+            before, self.tat = self.tat[self._first(c)], tat
             return (
                 True,
                 0,
@@ -285,7 +481,7 @@ class Gcra:
                 0,
                 0,
             )
-        slot_at, _ = self._earliest(max(now, not_before), cost)
+        slot_at, _ = self._earliest(max(now, not_before), c)
         if max_wait >= 0 and slot_at - now > max_wait:
             return (
                 False,
@@ -296,7 +492,7 @@ class Gcra:
                 0,
                 0,
             )
-        self.tat = [max(x, slot_at + tol) + cost * t for x, t in zip(self.tat, self.T)]
+        self.tat = self._advance(slot_at + tol, c)
         return (
             False,
             slot_at - now,
@@ -308,14 +504,15 @@ class Gcra:
         )
 
 
-class TokenBucket:
-    """N tokens per rule, refilled continuously at N per W (exact fractions). Only admissions
-    and refunds write; a missing bucket is full."""
+class TokenBucket(Costed):
+    """N tokens per rule, refilled continuously at N per W (exact fractions). Only admissions,
+    refunds and settles write; a missing bucket is full; an overrun may take a bucket below
+    zero (at most 2^52 token-microseconds deep, as the script keeps it)."""
 
     books = False
 
-    def __init__(self, rules: Rules) -> None:
-        self.rules = rules
+    def __init__(self, rules: Rules, meter_of: list[int] | None = None) -> None:
+        super().__init__(rules, meter_of)
         self.state: list[tuple[Fraction, int]] | None = None  # (tokens, measured at) per rule
 
     def _view(self, now: int) -> list[tuple[Fraction, int]]:
@@ -334,7 +531,7 @@ class TokenBucket:
 
     @staticmethod
     def _remaining(view: list[tuple[Fraction, int]]) -> int:
-        return min(math.floor(x) for x, _ in view)
+        return min(max(0, math.floor(x)) for x, _ in view)
 
     def _reset(self, view: list[tuple[Fraction, int]]) -> int:
         return max(math.ceil((n - x) * w / n) for (n, w), (x, _) in zip(self.rules, view))
@@ -349,39 +546,79 @@ class TokenBucket:
             for (n, w), (x, _) in zip(self.rules, self._view(now))
         ]
 
-    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+    def refund(self, slot_start: int, slot_end: int, cost: Cost, now: int) -> None:
         shortest = min(w for _, w in self.rules)
         if self.state is not None and now - slot_start < shortest:
             view = self._view(now)
+            c = self.per_rule(cost)
             self._store(
-                [(min(Fraction(n), x + cost), s) for (n, _), (x, s) in zip(self.rules, view)]
+                [(min(Fraction(n), x + k), s) for (n, _), (x, s), k in zip(self.rules, view, c)]
             )
 
-    def decide(self, op: str, now: int, cost: int, **_: object) -> Decision:
+    def _charged(
+        self, view: list[tuple[Fraction, int]], units: list[int]
+    ) -> list[tuple[Fraction, int]]:
+        return [
+            (max(Fraction(-(2**52), w), x - u), s)
+            for (_, w), (x, s), u in zip(self.rules, view, units)
+        ]
+
+    def settle(
+        self,
+        now: int,
+        slot: tuple[int, int],
+        estimate: Cost,
+        used: Cost,
+        lease: int,
+        ident: str,
+    ) -> tuple[str, list[int], list[int]]:
+        status = self.settle_check(now, slot[0], lease, ident)
+        if status:
+            return status, [], []
+        e, a = self.per_rule(estimate), self.per_rule(used)
         view = self._view(now)
-        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        back = []
+        for (n, w), (x, _), est, use in zip(self.rules, view, e, a):
+            unfilled = (est * w - (now - slot[0]) * n) // w
+            headroom = math.floor(n - x)
+            back.append(max(0, min(max(0, est - use), unfilled, headroom)))
+        view = [(x + b, s) for (x, s), b in zip(view, back)]
+        charge = [max(0, y - x) for x, y in zip(e, a)]
+        self._store(self._charged(view, charge))
+        return "settled", back, charge
+
+    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+        view = self._view(now)
+        per_rule = self.sync_extra(lambda i: max(0, math.floor(view[i][0])), meter, rule, upstream)
+        self._store(self._charged(view, per_rule))
+        return max(per_rule)
+
+    def decide(self, op: str, now: int, cost: Cost, **_: object) -> Decision:
+        view = self._view(now)
+        c = self.per_rule(cost)
+        never = self.never(c)
         if never:
             return (False, -1, never, self._remaining(view), self._reset(view), 0, 0)
         wait, rule = 0, 0
-        for i, ((n, w), (x, _)) in enumerate(zip(self.rules, view), 1):
-            if x < cost and math.ceil((cost - x) * w / n) > wait:
-                wait, rule = math.ceil((cost - x) * w / n), i
+        for i, ((n, w), (x, _), k) in enumerate(zip(self.rules, view, c), 1):
+            if k > 0 and x < k and math.ceil((k - x) * w / n) > wait:
+                wait, rule = math.ceil((k - x) * w / n), i
         if wait:
             return (False, wait, rule, self._remaining(view), self._reset(view), 0, 0)
-        view = [(x - cost, s) for x, s in view]
+        view = [(x - k, s) for (x, s), k in zip(view, c)]
         if op == "peek":
             return (True, 0, 0, self._remaining(view), self._reset(view), 0, 0)
         self._store(view)
         return (True, 0, 0, self._remaining(view), self._reset(view), now, now)
 
 
-class FixedWindow:
+class FixedWindow(Costed):
     """A count per rule for the current epoch-aligned window."""
 
     books = False
 
-    def __init__(self, rules: Rules) -> None:
-        self.rules = rules
+    def __init__(self, rules: Rules, meter_of: list[int] | None = None) -> None:
+        super().__init__(rules, meter_of)
         self.state: list[tuple[int, int]] | None = None  # (window index, count) per rule
 
     def _view(self, now: int) -> list[tuple[int, int]]:
@@ -412,18 +649,49 @@ class FixedWindow:
             for (n, w), (idx, c) in zip(self.rules, view)
         ]
 
-    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+    def refund(self, slot_start: int, slot_end: int, cost: Cost, now: int) -> None:
         if self.state is None:
             return
         view = [
-            (idx, max(0, c - cost) if idx == slot_start // w else c)
-            for (_, w), (idx, c) in zip(self.rules, self._view(now))
+            (idx, max(0, c - k) if idx == slot_start // w else c)
+            for (_, w), (idx, c), k in zip(self.rules, self._view(now), self.per_rule(cost))
         ]
         self._store(view, now)
 
-    def decide(self, op: str, now: int, cost: int, **_: object) -> Decision:
+    def settle(
+        self,
+        now: int,
+        slot: tuple[int, int],
+        estimate: Cost,
+        used: Cost,
+        lease: int,
+        ident: str,
+    ) -> tuple[str, list[int], list[int]]:
+        status = self.settle_check(now, slot[0], lease, ident)
+        if status:
+            return status, [], []
+        e, a = self.per_rule(estimate), self.per_rule(used)
+        charge = [max(0, y - x) for x, y in zip(e, a)]
         view = self._view(now)
-        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+        back = [
+            min(max(0, x - y), c) if idx == slot[0] // w else 0
+            for (_, w), (idx, c), x, y in zip(self.rules, view, e, a)
+        ]
+        self._store([(idx, c - b + k) for (idx, c), b, k in zip(view, back, charge)], now)
+        return "settled", back, charge
+
+    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+        view = self._view(now)
+        per_rule = self.sync_extra(
+            lambda i: max(0, self.rules[i][0] - view[i][1]), meter, rule, upstream
+        )
+        self._store([(idx, c + k) for (idx, c), k in zip(view, per_rule)], now)
+        return max(per_rule)
+
+    def decide(self, op: str, now: int, cost: Cost, **_: object) -> Decision:
+        view = self._view(now)
+        c_ = self.per_rule(cost)
+        never = self.never(c_)
         if never:
             return (
                 False,
@@ -435,8 +703,8 @@ class FixedWindow:
                 0,
             )
         wait, rule = 0, 0
-        for i, ((n, w), (idx, c)) in enumerate(zip(self.rules, view), 1):
-            if c + cost > n and (idx + 1) * w - now > wait:
+        for i, ((n, w), (idx, c), k) in enumerate(zip(self.rules, view, c_), 1):
+            if k > 0 and c + k > n and (idx + 1) * w - now > wait:
                 wait, rule = (idx + 1) * w - now, i
         if wait:
             return (
@@ -448,7 +716,7 @@ class FixedWindow:
                 0,
                 0,
             )
-        view = [(idx, c + cost) for idx, c in view]
+        view = [(idx, c + k) for (idx, c), k in zip(view, c_)]
         remaining, reset = self._remaining(self.rules, view), self._reset(self.rules, view, now)
         if op == "peek":
             return (True, 0, 0, remaining, reset, 0, 0)
@@ -456,14 +724,16 @@ class FixedWindow:
         return (True, 0, 0, remaining, reset, now, now)
 
 
-class SlidingWindow:
+class SlidingWindow(Costed):
     """Each rule counts admissions in buckets of ceil(W / precision) and counts, in full, every
     bucket that overlaps its window (so it never over-admits)."""
 
     books = False
 
-    def __init__(self, rules: Rules, precision: int = 60) -> None:
-        self.rules = rules
+    def __init__(
+        self, rules: Rules, meter_of: list[int] | None = None, precision: int = 60
+    ) -> None:
+        super().__init__(rules, meter_of)
         self.P = [ceil_div(w, precision) for _, w in rules]
         self.counts: list[dict[int, int]] = [{} for _ in rules]  # per rule: bucket -> count
 
@@ -513,32 +783,74 @@ class SlidingWindow:
         them)."""
         self.counts = [self._buckets(i, now) for i in range(len(self.rules))]
 
-    def refund(self, slot_start: int, slot_end: int, cost: int, now: int) -> None:
+    def _take_back(self, i: int, t: int, c: int, now: int) -> int:
+        b = t // self.P[i]
+        took = min(c, self._buckets(i, now).get(b, 0))
+        if took:
+            self.counts[i][b] -= took
+        return took
+
+    def refund(self, slot_start: int, slot_end: int, cost: Cost, now: int) -> None:
         if not any(self.counts):
             return
-        for i in range(len(self.rules)):
-            b = slot_start // self.P[i]
-            if b in self._buckets(i, now):
-                self.counts[i][b] = max(0, self.counts[i][b] - cost)
+        for i, k in enumerate(self.per_rule(cost)):
+            self._take_back(i, slot_start, k, now)
         self._prune(now)
 
-    def decide(self, op: str, now: int, cost: int, **_: object) -> Decision:
-        never = next((i for i, (n, _) in enumerate(self.rules, 1) if cost > n), 0)
+    def _count(self, now: int, units: list[int]) -> None:
+        for i, k in enumerate(units):
+            if k:
+                b = now // self.P[i]
+                self.counts[i][b] = self.counts[i].get(b, 0) + k
+
+    def settle(
+        self,
+        now: int,
+        slot: tuple[int, int],
+        estimate: Cost,
+        used: Cost,
+        lease: int,
+        ident: str,
+    ) -> tuple[str, list[int], list[int]]:
+        status = self.settle_check(now, slot[0], lease, ident)
+        if status:
+            return status, [], []
+        e, a = self.per_rule(estimate), self.per_rule(used)
+        back = [
+            self._take_back(i, slot[0], max(0, x - y), now) for i, (x, y) in enumerate(zip(e, a))
+        ]
+        charge = [max(0, y - x) for x, y in zip(e, a)]
+        self._prune(now)
+        self._count(now, charge)
+        return "settled", back, charge
+
+    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+        per_rule = self.sync_extra(
+            lambda i: max(0, self.rules[i][0] - sum(self._buckets(i, now).values())),
+            meter,
+            rule,
+            upstream,
+        )
+        self._prune(now)
+        self._count(now, per_rule)
+        return max(per_rule)
+
+    def decide(self, op: str, now: int, cost: Cost, **_: object) -> Decision:
+        c = self.per_rule(cost)
+        never = self.never(c)
         if never:
             return (False, -1, never, self._remaining(now), self._reset(now), 0, 0)
         wait, rule = 0, 0
         for i in range(len(self.rules)):
-            w = self._wait(i, now, cost)
+            w = self._wait(i, now, c[i]) if c[i] > 0 else 0
             if w > wait:
                 wait, rule = w, i + 1
         if wait:
             return (False, wait, rule, self._remaining(now), self._reset(now), 0, 0)
-        before = [dict(c) for c in self.counts]
+        before = [dict(x) for x in self.counts]
         if op != "peek":
             self._prune(now)
-        for i in range(len(self.rules)):
-            b = now // self.P[i]
-            self.counts[i][b] = self.counts[i].get(b, 0) + cost
+        self._count(now, c)
         out = (True, 0, 0, self._remaining(now), self._reset(now), now, now)
         if op == "peek":
             self.counts = before
