@@ -29,11 +29,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_project"
 def project(redis_server: ServerHandle) -> Iterator[Any]:
     """The example's Celery app, its settings loaded by Django (once per process), on the
     suite's Redis, with a queue and a key prefix of this run's."""
+    saved = {k: os.environ.get(k) for k in ("REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     if "mysite" not in sys.modules:
         os.environ["REDIS_URL"] = redis_server.base_url
         os.environ["DJANGO_SETTINGS_MODULE"] = "mysite.settings"
         sys.path.insert(0, str(EXAMPLE))
         django.setup()
+    from celery import _state
+
+    before = set(_state._on_app_finalizers)
     import partners.tasks  # noqa: F401  (as a view or the worker would)
     from mysite.celery import app
 
@@ -46,6 +50,14 @@ def project(redis_server: ServerHandle) -> Iterator[Any]:
         )
         app.finalize()
     yield app
+    # @shared_task registers its task with every app made from now on: the suite's other apps
+    # must not get the example's tasks (they name limits like "partner-api" too)
+    _state._on_app_finalizers.difference_update(set(_state._on_app_finalizers) - before)
+    for key, value in saved.items():  # subprocesses of later tests must not load the example
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def test_governor_reads_the_celery_namespace(project: Any) -> None:
