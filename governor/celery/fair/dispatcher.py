@@ -68,9 +68,9 @@ class FairDispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def dispatch_once(self) -> tuple[int, int, float]:
+    def dispatch_once(self, now: float | None = None) -> tuple[int, int, float]:
         """One look at every fair limit: (calls sent on, calls still waiting, seconds until
-        the next look could send one)."""
+        the next look could send one). ``now``: Unix seconds for tests (None: Redis's clock)."""
         client = self.store.client
         key = fair_due_key(self.settings.prefix)
         sent = waiting = 0
@@ -82,18 +82,18 @@ class FairDispatcher:
             except Exception as exc:  # not ours to read: leave it, say so once a look
                 logger.warning("governor: unreadable fair-queue entry %r: %r", raw, exc)
                 continue
-            d = queue.limiter.peek(queue.subject)
+            d = queue.limiter.peek(queue.subject, now=now)
             room = min(d.remaining, pace(queue)) if d.allowed else 0
             eta = 0.0
             if not room and d.blocked is None and d.retry_after <= AHEAD:
                 room, eta = 1, d.retry_after  # sent now, due when the limit frees room
-            left, flying, taken = queue.take(client, room, self.batch)
+            left, flying, taken = queue.take(client, room, self.batch, now=now)
             for member, text, _ in taken:
                 sent += self._send(member, text, eta)
             waiting += left
             if left and not room:  # look again when the limit has room for the next one
                 wake = min(wake, max(MIN_WAIT, d.retry_after - AHEAD))
-            if left == 0 and flying == 0 and seen < time.time() - FORGET_AFTER:
+            if left == 0 and flying == 0 and seen < (now or time.time()) - FORGET_AFTER:
                 client.zrem(key, raw)
         return sent, waiting, wake
 

@@ -5,9 +5,13 @@
 -- KEYS[7]  HASH fs: member -> token of the copy that claimed it
 -- KEYS[8]  ZSET fx: member -> when it was claimed (ms), to forget old claims
 -- ARGV[1]  member;  ARGV[2]  token;  ARGV[3]  how long claims are remembered (ms)
+-- ARGV[4]  now (Unix ms), or '' to read Redis TIME (tests pass their own clock)
 -- Returns  1 run it, 0 drop it
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local seen = redis.call('HGET', KEYS[7], ARGV[1])
 if seen then return seen == ARGV[2] and 1 or 0 end
 redis.call('HSET', KEYS[7], ARGV[1], ARGV[2])

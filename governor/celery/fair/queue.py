@@ -57,21 +57,24 @@ class FairQueue:
         return float(new_tag), int(waiting)
 
     def take(
-        self, client: Any, room: int, most: int, booked: bool = False
+        self, client: Any, room: int, most: int, booked: bool = False, now: float | None = None
     ) -> tuple[int, int, list[tuple[str, str, str]]]:
         """(calls still waiting, calls sent on and not arrived, [(member, "tenant\\ntag\\nenvelope",
         tag or "")]). ``booked``: the caller booked a moment for each, so calls sent on and not
-        arrived yet take no room from ``room``."""
+        arrived yet take no room from ``room``. ``now``: Unix seconds for tests (None: Redis's
+        clock)."""
         keys = self.key_names("fq", "fm", "ft", "fv", "fn", "fl")
-        reply = run_script(client, _script("fair_take"), keys, [room, TRANSIT_MS, most])
+        args = [room, TRANSIT_MS, most, int(booked), _ms(now)]
+        reply = run_script(client, _script("fair_take"), keys, args)
         out = []
         for i in range(2, len(reply), 3):
             out.append((_text(reply[i]), _text(reply[i + 1]), _text(reply[i + 2])))
         return int(reply[0]), int(reply[1]), out
 
-    def claim(self, client: Any, member: str, token: str) -> bool:
+    def claim(self, client: Any, member: str, token: str, now: float | None = None) -> bool:
         keys = self.key_names("fq", "fm", "ft", "fv", "fn", "fl", "fs", "fx")
-        return bool(run_script(client, _script("fair_claim"), keys, [member, token, CLAIMS_MS]))
+        args = [member, token, CLAIMS_MS, _ms(now)]
+        return bool(run_script(client, _script("fair_claim"), keys, args))
 
     def waiting(self, client: Any) -> dict[str, int]:
         """Calls waiting per tenant."""
@@ -90,6 +93,11 @@ class FairQueue:
             },
             sort_keys=True,
         )
+
+
+def _ms(now: float | None) -> int | str:
+    """A script's clock argument: Unix ms, or '' for Redis's own."""
+    return "" if now is None else round(now * 1000)
 
 
 def _text(value: Any) -> str:

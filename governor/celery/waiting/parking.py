@@ -213,15 +213,22 @@ def parked_entries(client: redis.Redis, prefix: str, shards: int = 1) -> Iterato
 
 
 def take_due(
-    client: redis.Redis, prefix: str, horizon: float, pickup: float, batch: int, shards: int = 1
+    client: redis.Redis,
+    prefix: str,
+    horizon: float,
+    pickup: float,
+    batch: int,
+    shards: int = 1,
+    now: float | None = None,
 ) -> tuple[float, list[tuple[str, bytes | str]]]:
     """Pick up what is due within ``horizon`` seconds (and what a dead releaser left), for
     ``pickup`` seconds, from every shard: (Redis time, [(parking id, envelope)]), at most
     ``batch`` a shard. Publish each one, then :func:`forget_released` it; what is not
-    forgotten is picked up again when its pickup lapses. A shard that does not answer (its cluster
+    forgotten is picked up again when its pickup lapses (``now``: Unix seconds for tests; None,
+    Redis's clock). A shard that does not answer (its cluster
     master is down) is skipped with a warning, so the others keep flowing and what was taken
     from them is published; :class:`StorageUnavailable` only when none answers."""
-    now, taken = 0.0, []
+    redis_now, taken = 0.0, []
     groups, failed = all_shards(shards), []
     for shard in groups:
         try:
@@ -229,12 +236,17 @@ def take_due(
                 client,
                 package_script("governor.celery.waiting", "take_due"),
                 list(keys(prefix, shard)),
-                [round(horizon * 1000), round(pickup * 1000), batch],
+                [
+                    round(horizon * 1000),
+                    round(pickup * 1000),
+                    batch,
+                    "" if now is None else round(now * 1000),
+                ],
             )
         except StorageUnavailable as exc:
             failed.append(exc)
             continue
-        now = max(now, int(reply[0]) / 1000)
+        redis_now = max(redis_now, int(reply[0]) / 1000)
         taken += [
             (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
             for i in range(1, len(reply), 2)
@@ -248,7 +260,7 @@ def take_due(
             len(groups),
             failed[0],
         )
-    return now, taken
+    return redis_now, taken
 
 
 def forget_released(client: redis.Redis, prefix: str, parking_id: str) -> None:

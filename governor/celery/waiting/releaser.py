@@ -58,13 +58,14 @@ class Releaser:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def release_once(self) -> int:
-        """Take and publish what is due within the horizon; returns how many were published."""
+    def release_once(self, now: float | None = None) -> int:
+        """Take and publish what is due within the horizon; returns how many were published.
+        ``now``: Unix seconds for tests (None: Redis's clock)."""
         if self.horizon is None:
             return 0
         client = self.client_factory()
         now, taken = parking.take_due(
-            client, self.prefix, self.horizon, self.pickup, self.batch, self.shards
+            client, self.prefix, self.horizon, self.pickup, self.batch, self.shards, now
         )
         taken_at = time.monotonic()
         published = 0
