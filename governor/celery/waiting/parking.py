@@ -103,7 +103,7 @@ def park(
     prefix: str,
     parking_id: str,
     due: float,
-    text: str,
+    text: str | bytes,
     replicas: int = 0,
     timeout: float = 1.0,
 ) -> int:
@@ -178,12 +178,16 @@ def claim_first_delivery(
     return token is not None and holder == token
 
 
-def stamp_release(sig: Any) -> str:
-    """Mark a signature about to be released with a token of this publication."""
+def stamp_release(sig: Any, parking_id: str | None = None) -> str:
+    """Mark a signature about to be released with a token of this publication (and, when its
+    header does not name it yet, the parking id it claims on arrival: a re-driven dead letter's
+    message was not parked by the gate)."""
     token = secrets.token_hex(8)
     headers = dict(sig.options.get("headers") or {})
-    carried = headers.get(HEADER)
-    headers[HEADER] = {**(carried if isinstance(carried, dict) else {}), "release": token}
+    carried = dict(headers.get(HEADER) or {}) if isinstance(headers.get(HEADER), dict) else {}
+    if parking_id is not None and not carried.get("parked"):
+        carried["parked"] = parking_id
+    headers[HEADER] = {**carried, "release": token}
     sig.options["headers"] = headers
     return token
 
@@ -264,9 +268,12 @@ def take_due(
 
 
 def forget_released(client: redis.Redis, prefix: str, parking_id: str) -> None:
-    """A taken entry was published: remove it."""
+    """A taken entry was published (or dead-lettered): remove it."""
     _, msgs_key, lease_key = keys(prefix, shard_of(parking_id))
-    pipe = client.pipeline(transaction=True)
-    pipe.zrem(lease_key, parking_id)
-    pipe.hdel(msgs_key, parking_id)
-    pipe.execute()
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.zrem(lease_key, parking_id)
+        pipe.hdel(msgs_key, parking_id)
+        pipe.execute()
+    except (RedisError, RedisClusterException) as exc:  # taken again after its pickup lapses
+        raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc
