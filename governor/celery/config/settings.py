@@ -61,6 +61,7 @@ class Settings:
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     metrics_tenants: bool = False
+    tenant_header: str = "fallback"
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     max_pause: float = 3600.0
