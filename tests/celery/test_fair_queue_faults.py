@@ -150,7 +150,7 @@ def test_copies_under_a_broker_backlog_are_few_and_a_late_one_never_runs(
     """A call sent on that has not arrived is sent again; under a broker backlog, before, it
     was sent again every 10 s (a copy per 10 s of backlog, feeding it), and a copy arriving
     more than an hour after another copy had run ran again."""
-    app, governor, [q], job = fair_app(redis_server)
+    _, governor, [q], _ = fair_app(redis_server)
     client = governor.gate.client
     fq = fair_queue(governor, q)
     fq.put(client, "slow", "a", 1.0, None, "{}")

@@ -84,7 +84,7 @@ class Gate:
         self.store = Store(settings)
         self.live = LiveView(lambda: self.store.client, settings)
         self.calls = Calls(app, settings, self.live)
-        self.handover = Handover(app)
+        self.handover = Handover(app, lambda: self.store.client, settings.prefix)
         self.decider = Decider(settings, self.store, self.handover.publish)
         self.republisher = Republisher(app, settings, self.store, self.handover)
         self.cap_line = CapLine(settings, self.store, self.republisher)

@@ -74,7 +74,7 @@ class CapLine:
         message, state = self.republisher.message(call, label)
         waited = lim.wait(spec.subject, holder_of(call), message)
         if waited.handed:
-            self.republisher.handover.publish(list(waited.handed))
+            self.republisher.handover.publish(list(waited.handed), member(lim, spec.subject))
         if waited.status in ("room", "mine"):
             return None
         if waited.status != "queued":  # copy or done, seen only now
@@ -160,7 +160,7 @@ class CapSweeper:
                 continue
             lim = self._limiter(parsed[0])
             nxt, pairs = lim.sweep(parsed[1], configured=False)
-            handed += self.handover.publish(pairs)
+            handed += self.handover.publish(pairs, name)
             if nxt:
                 client.zadd(key, {name: round(nxt * 1000)}, xx=True)
                 continue
