@@ -31,7 +31,7 @@ from ..types import HEADER
 from ..waiting import dead_letters
 from ..waiting.envelope import open_envelope
 from ..waiting.republish import TRANSIENT
-from .queue import FairQueue, Sent, fair_due_key
+from .queue import FairQueue, Sent, Taken, fair_due_key
 
 __all__ = ["INTERVAL", "FairDispatcher"]
 
@@ -96,8 +96,7 @@ class FairDispatcher:
                 if not room and d.blocked is None and d.retry_after <= AHEAD:
                     room, eta = 1, d.retry_after  # sent now, due when the limit frees room
                 taken = queue.take(client, room, self.batch, now=now)
-                for call in taken.calls:
-                    sent += self._send(queue, call, taken.now, eta)
+                sent += self.send_on(queue, taken, eta)
             except Exception as exc:  # what it took stays in transit: sent again later
                 logger.warning("governor: sending on calls of %s failed: %r", queue.label, exc)
                 continue
@@ -117,6 +116,11 @@ class FairDispatcher:
             "fair queue",
         )
         return FairQueue(self.store.limiter(str(desc["name"]), config), str(desc["subject"]))
+
+    def send_on(self, queue: FairQueue, taken: Taken, eta: float = 0.0) -> int:
+        """Publish what a take returned; returns how many went out. A broker error that may
+        pass stops here: what is left stays in transit, and is sent again."""
+        return sum(self._send(queue, call, taken.now, eta) for call in taken.calls)
 
     def _send(self, queue: FairQueue, call: Sent, sent_at: float, eta: float = 0.0) -> int:
         """Publish a call taken from a fair queue ("tenant\\ntag\\nenvelope"), marked with what
@@ -166,11 +170,12 @@ class FairDispatcher:
         )
         queue.drop(client, call.member)
 
-    def forget_revoked(self, request: Any = None, **_: Any) -> None:
+    def forget_revoked(self, request: Any = None, now: float | None = None, **_: Any) -> None:
         """Celery's ``task_revoked`` (in this worker's main process): a copy sent on from a
         fair queue was revoked, or arrived after its ``expires``, and was discarded. Its call
         is claimed in its name, so it leaves the queue's transit and is not sent again (a
-        revoke lasts; each copy would be discarded in turn)."""
+        revoke lasts; each copy would be discarded in turn). ``now``: Unix seconds for tests
+        (None: Redis's clock)."""
         carried = getattr(request, HEADER, None)
         if not isinstance(carried, Mapping):
             carried = (getattr(request, "headers", None) or {}).get(HEADER)
@@ -183,6 +188,7 @@ class FairDispatcher:
                 client,
                 str(carried["fair"]),
                 str(carried.get("release") or ""),
+                now=now,
                 sent=_number(carried.get("sent")),
                 copy=int(carried.get("copy") or 1),
             )
