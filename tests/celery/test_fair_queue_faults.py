@@ -168,3 +168,12 @@ def test_copies_under_a_broker_backlog_are_few_and_a_late_one_never_runs(
     # ... and the first copy, stuck in the backlog all along, arrives: it must not run
     assert not fq.claim(client, member, "first", now=later + 1)
     assert fq.claim(client, member, "latest", now=later + 2)  # the copy that ran, redelivered
+
+
+def test_copy_marks_in_headers_are_untrusted() -> None:
+    from governor.celery.fair.queue import copy_marks
+
+    assert copy_marks({"sent": 12.5, "copy": 3}) == (12.5, 3)
+    for odd in (None, "x", {"sent": "soon", "copy": "2"}, {"sent": float("nan"), "copy": True}):
+        assert copy_marks(odd) == (None, 1)
+    assert copy_marks({"sent": float("inf"), "copy": 10**9}) == (None, 1)

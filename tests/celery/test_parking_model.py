@@ -308,6 +308,8 @@ def build(redis_server: ServerHandle) -> type[RuleBasedStateMachine]:
 def test_the_parking_cycle_keeps_every_entry(redis_server: ServerHandle) -> None:
     base = settings()  # the profile loaded (tests/conftest.py): thorough digs deeper
     examples = max(20, base.max_examples // 5)
+    steps = 40 if base.max_examples <= 150 else 100
     run_state_machine_as_test(
-        build(redis_server), settings=settings(base, max_examples=examples, stateful_step_count=40)
+        build(redis_server),
+        settings=settings(base, max_examples=examples, stateful_step_count=steps),
     )

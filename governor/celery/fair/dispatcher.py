@@ -31,7 +31,7 @@ from ..types import HEADER
 from ..waiting import dead_letters
 from ..waiting.envelope import open_envelope
 from ..waiting.republish import TRANSIENT
-from .queue import FairQueue, Sent, Taken, fair_due_key
+from .queue import FairQueue, Sent, Taken, copy_marks, fair_due_key
 
 __all__ = ["INTERVAL", "FairDispatcher"]
 
@@ -184,14 +184,9 @@ class FairDispatcher:
         try:
             client = self.store.client
             queue = FairQueue.described(client, self.settings.prefix, carried["fq"])
-            queue.claim(
-                client,
-                str(carried["fair"]),
-                str(carried.get("release") or ""),
-                now=now,
-                sent=_number(carried.get("sent")),
-                copy=int(carried.get("copy") or 1),
-            )
+            sent, copy = copy_marks(carried)
+            token = str(carried.get("release") or "")
+            queue.claim(client, str(carried["fair"]), token, now=now, sent=sent, copy=copy)
             logger.info(
                 "governor: %s was discarded (revoked or expired): it leaves the fair queue of %s",
                 getattr(request, "id", "?"),
@@ -224,7 +219,3 @@ class FairDispatcher:
     @property
     def _uid(self) -> str:
         return f"governor.fair.revoked.{id(self)}"
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -22,6 +22,8 @@ a day for a call sent more than once) by its token, one that arrives later by it
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,6 +39,7 @@ __all__ = [
     "FairQueue",
     "Sent",
     "Taken",
+    "copy_marks",
     "fair_due_key",
 ]
 
@@ -167,6 +170,21 @@ class FairQueue:
             },
             sort_keys=True,
         )
+
+
+def copy_marks(carried: Any) -> tuple[float | None, int]:
+    """When a copy was sent (Unix seconds) and which copy it is, from its ``governor`` header
+    (untrusted: a missing or odd value counts as unknown, and as the first copy)."""
+    if not isinstance(carried, Mapping):
+        return None, 1
+    sent, copy = carried.get("sent"), carried.get("copy")
+    when = None
+    if isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent):
+        when = float(sent)
+    which = 1
+    if isinstance(copy, int) and not isinstance(copy, bool) and 1 <= copy <= 1_000_000:
+        which = copy
+    return when, which
 
 
 def _ms(now: float | None) -> int | str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 
 from redis.exceptions import RedisClusterException, RedisError
@@ -35,7 +34,7 @@ from ..config.settings import Settings
 from ..config.store import Store
 from ..types import HEADER, Call, Deferred, LimitSpec, Outcome
 from ..waiting.republish import Republisher
-from .queue import FairQueue, fair_due_key
+from .queue import FairQueue, copy_marks, fair_due_key
 
 __all__ = ["FairSharing", "fair_spec"]
 
@@ -105,15 +104,9 @@ class FairSharing:
         if spec is None:  # the limit is no longer fair (changed live): nothing to claim
             state.fair = None
             return True
-        carried = (getattr(call.request, "headers", None) or {}).get(HEADER)
-        carried = carried if isinstance(carried, Mapping) else {}
-        sent = carried.get("sent")
+        sent, copy = copy_marks((getattr(call.request, "headers", None) or {}).get(HEADER))
         first = self.queue(spec).claim(
-            self.store.client,
-            state.fair,
-            state.release or "",
-            sent=float(sent) if isinstance(sent, (int, float)) else None,
-            copy=int(carried.get("copy") or 1),
+            self.store.client, state.fair, state.release or "", sent=sent, copy=copy
         )
         state.fair = state.release = None
         self._in_use(spec)
