@@ -38,7 +38,7 @@ class Handover:
         published now (the broker is away) stays handed over in Redis: a sweep publishes it
         again after its lease. One that never can is dead-lettered (``cap``: the cap's
         ``<limit>:<subject>``, when the caller knows it)."""
-        from .republish import TRANSIENT
+        from .republish import TRANSIENT  # here: republish imports this module
 
         sent = 0
         now = time.time()
