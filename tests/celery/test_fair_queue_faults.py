@@ -177,3 +177,15 @@ def test_copy_marks_in_headers_are_untrusted() -> None:
     for odd in (None, "x", {"sent": "soon", "copy": "2"}, {"sent": float("nan"), "copy": True}):
         assert copy_marks(odd) == (None, 1)
     assert copy_marks({"sent": float("inf"), "copy": 10**9}) == (None, 1)
+
+
+def test_an_hours_backlog_makes_eleven_copies(r: redis.Redis, prefix: str) -> None:
+    """The bound docs/fairness-tenants.md gives: a copy waits 10 s, 20 s, 40 s ... up to 10
+    minutes before the next is sent, so a call whose copies all sit in an hour's backlog is
+    sent 11 times (before: 360)."""
+    from governor import Limiter
+
+    fq = FairQueue(Limiter(r, "1/s", name="queue", prefix=prefix), "backlog")
+    fq.put(r, "slow", "a", 1.0, None, "{}")
+    sent = [t for t in range(3600) if fq.take(r, room=1, most=1, now=T + t).calls]
+    assert sent == [0, 11, 32, 73, 154, 315, 636, 1237, 1838, 2439, 3040]

@@ -12,7 +12,7 @@ tenants waiting; idle tenants leave nothing behind.
 Copies. A call sent on is in transit until a copy of it arrives and claims it. One still in
 transit after :data:`TRANSIT_MS` is sent again (its sender may have died, or the message been
 lost), and each further copy waits twice as long (up to :data:`TRANSIT_MAX_MS`), so a broker
-backlog of B seconds makes about log2(B / 10 s) + 1 copies of a waiting call (4 for 100 s, 8
+backlog of B seconds makes about log2(B / 10 s) + 1 copies of a waiting call (4 for 100 s, 7
 for 20 minutes, 11 for an hour), not one per 10 s. The first copy to arrive claims the call
 and runs; any other copy is dropped: one that arrives while the claim is remembered (an hour;
 a day for a call sent more than once) by its token, one that arrives later by its age (see
