@@ -16,6 +16,7 @@ __all__ = [
     "limit_adapted",
     "limit_paused",
     "live_limits_changed",
+    "message_dead_lettered",
     "shadow_denied",
     "slot_acquired",
     "slot_lost",
@@ -98,6 +99,17 @@ task_parked = Signal(name="governor.task_parked", providing_args={"request", "du
 
 task_released = Signal(name="governor.task_released", providing_args={"count", "queue"})
 """The releaser re-published ``count`` parked tasks."""
+
+message_dead_lettered = Signal(
+    name="governor.message_dead_lettered",
+    providing_args={"kind", "source", "reason", "count", "again"},
+)
+"""A waiting task's message could not be read or published and went to the dead-letter place
+(see :mod:`governor.celery.waiting.dead_letters`): ``kind`` is ``parked``, ``fair`` or ``cap``;
+``source`` names where it waited; ``count``: letters held now; ``again``: the same entry was
+put there before (its mover died between the two steps, or a cap's line handed it over again).
+Sent by the process that moved it (the releaser or fair dispatcher of a worker's main process,
+or the process that handed it a slot)."""
 
 storage_unavailable = Signal(
     name="governor.storage_unavailable", providing_args={"request", "error", "fail_mode"}

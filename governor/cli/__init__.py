@@ -14,6 +14,8 @@
     governor -A proj limits set queue:emails "20/s"  change a limit for every worker (show, reset)
     governor doctor [--json]                        deployment checks (exit 1: something is wrong)
     governor -A proj dashboard [--port 8055]        a live web page of every limit (read-only)
+    governor dead-letters list                      waiting tasks that could not be read (show,
+                                                    redrive, drop)
 
     governor -A proj status                         limits from a Celery app's configuration
     celery -A proj governor status                  the same, as a Celery sub-command
@@ -49,6 +51,7 @@ COMMANDS: dict[str, str] = {
     "limits": "live:limits",
     "doctor": "doctor:doctor",
     "dashboard": "dashboard:dashboard",
+    "dead-letters": "dead_letters:dead_letters",
 }
 """Command name -> ``module:attribute`` under ``governor.cli``."""
 

@@ -41,6 +41,7 @@ __all__ = [
     "all_limits",
     "app_limits",
     "configured_limits",
+    "dead_letter_count",
     "found_limits",
     "parked_count",
     "resolve",
@@ -250,6 +251,15 @@ def parking_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def dead_letter_count(state: State) -> int | None:
+    """Letters in the dead-letter place (None without celery installed)."""
+    try:
+        dead_letters = importlib.import_module("governor.celery.waiting.dead_letters")
+    except ImportError:
+        return None
+    return int(dead_letters.count(state.client, state.prefix))
 
 
 def parked_count(state: State, entry: LimitEntry) -> int:

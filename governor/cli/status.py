@@ -11,7 +11,8 @@
 
 With an app (``-A`` or ``celery -A proj governor status``) it shows the configured limits, the
 subjects of per-key limits found in Redis (SCAN); without one, whatever it finds under the
-prefix, grouped by limiter name (rules unknown, so only blocks and bookings).
+prefix, grouped by limiter name (rules unknown, so only blocks and bookings). Last, how many
+dead letters wait for an operator (``governor dead-letters``), if any.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import click
 
 from .common import State, echo_json, mask_url, pass_state
-from .limits import all_limits, parking_available
+from .limits import all_limits, dead_letter_count, parking_available
 from .views import console, limit_json, limits_view
 
 __all__ = ["status"]
@@ -37,8 +38,9 @@ __all__ = ["status"]
 )
 @pass_state
 def status(state: State, as_json: bool, max_subjects: int) -> None:
-    """Every limit: usage bars per rule, blocks, bookings."""
+    """Every limit: usage bars per rule, blocks, bookings; and the dead letters."""
     states, source = all_limits(state, max_subjects)
+    dead = dead_letter_count(state)
     if as_json:
         echo_json(
             {
@@ -47,6 +49,7 @@ def status(state: State, as_json: bool, max_subjects: int) -> None:
                 "app": state.app_name,
                 "source": source,
                 "limits": [limit_json(ls) for ls in states],
+                "dead_letters": dead,
             }
         )
         return
@@ -60,5 +63,11 @@ def status(state: State, as_json: bool, max_subjects: int) -> None:
         out.print(f"Found in {where} (-A APP adds rules and usage):\n")
     if not states:
         out.print("Nothing found.")
-        return
-    out.print(limits_view(states, parked=parking_available()))
+    else:
+        out.print(limits_view(states, parked=parking_available()))
+    if dead:
+        out.print(
+            f"{dead} dead letters: waiting tasks that could not be read or published "
+            "(governor dead-letters list)",
+            style="bold yellow",
+        )

@@ -39,18 +39,18 @@ def test_tags_interleave_tenants_and_a_late_one_starts_level(r: redis.Redis, pre
     q = FairQueue(Limiter(r, "10/s", name="queue", prefix=prefix), "reports")
     tags = [q.put(r, f"a{i}", "A", 1.0, None, "{}")[0] for i in range(5)]
     assert tags == [1.0, 2.0, 3.0, 4.0, 5.0]
-    left, flying, taken = q.take(r, room=2, most=10)
-    assert (left, flying) == (3, 2) and [t[2] for t in taken] == ["1", "2"]
+    left, flying, _, taken = q.take(r, room=2, most=10)
+    assert (left, flying) == (3, 2) and [t.tag for t in taken] == ["1", "2"]
     # B arrives after A's backlog: level with A's next call, not behind it
     assert q.put(r, "b0", "B", 1.0, None, "{}")[0] == 3.0
     assert q.put(r, "b1", "B", 1.0, None, "{}")[0] == 4.0
     assert q.put(r, "c0", "C", 0.25, None, "{}")[0] == 2.25  # weight 4
-    order = [m.split(":", 1)[1] for m, _, _ in q.take(r, room=10, most=10)[2]]
+    order = [c.member.split(":", 1)[1] for c in q.take(r, room=10, most=10).calls]
     assert order == ["c0", "a2", "b0", "a3", "b1", "a4"]
     assert q.waiting(r) == {}
     # in flight until they arrive: a claim lets the first copy through, and the same copy
     # again, never another
-    member = taken[0][0]
+    member = taken[0].member
     assert q.claim(r, member, "t1") and q.claim(r, member, "t1") and not q.claim(r, member, "t2")
     assert q.take(r, room=20, most=20)[1] == 7  # 8 sent on, 1 arrived
 
@@ -129,8 +129,8 @@ def test_weights_split_the_quota(redis_server: ServerHandle) -> None:
 def test_a_tenant_header_wins_and_hostile_tenants_are_bounded(redis_server: ServerHandle) -> None:
     from governor.celery.fair.tenants import tenant_text
 
-    assert tenant_text("x" * 2_000_000).startswith("sha1:") and len(tenant_text("x" * 300)) == 45
-    assert tenant_text("line\nbreak").startswith("sha1:") and tenant_text(42) == "42"
+    assert tenant_text("x" * 2_000_000).startswith("~sha256:") and len(tenant_text("x" * 300)) == 72
+    assert tenant_text("line\nbreak").startswith("~sha256:") and tenant_text(42) == "42"
     q = f"q-{uuid.uuid4().hex[:8]}"
     app = new_app(redis_server.url(), q, governor_queues={q: {"rules": "2/s", "fair_by": "who"}})
     governor = Governor(app)

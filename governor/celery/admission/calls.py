@@ -115,7 +115,10 @@ class Calls:
             every = [
                 s
                 if s.config.fair_by is None
-                else replace(s, tenant=tenant_of(task, request, s, args, kwargs))
+                else replace(
+                    s,
+                    tenant=tenant_of(task, request, s, args, kwargs, self.settings.tenant_header),
+                )
                 for s in every
             ]
         specs = [s for s in every if not s.config.shadow]

@@ -115,7 +115,7 @@ class Holding:
                     label,
                     permit.holder,
                 )
-            self.handover.publish(handed)
+            self.handover.publish(handed, (permit.limiter, permit.subject))
 
     def release_for(self, task: Any, request: Any) -> None:
         """In the worker's main process: the pool process running ``request`` died; release the
@@ -134,10 +134,9 @@ class Holding:
         for spec in specs:
             if spec.config.concurrency is None:
                 continue
+            lim = self.store.limiter(spec.name, spec.config)
             try:
-                released, handed = self.store.limiter(spec.name, spec.config).release(
-                    spec.subject, holder, info=info
-                )
+                released, handed = lim.release(spec.subject, holder, info=info)
             except (GovernorError, RedisError) as exc:
                 logger.warning("governor: slot of %s left to lapse: %r", spec.label, exc)
                 continue
@@ -147,7 +146,9 @@ class Holding:
                     spec.label,
                     holder,
                 )
-            self.handover.publish(handed)
+            self.handover.publish(
+                handed, (self.store.limiter(spec.name, spec.config), spec.subject)
+            )
 
 
 def holder_info(request: Any) -> str:

@@ -322,6 +322,15 @@ SETTINGS: tuple[Setting, ...] = (
         fraction,
     ),
     Setting(
+        "governor_tenant_header",
+        "fallback",
+        "what a producer's `governor_tenant` header may say under fair limits: "
+        '`"fallback"` names the tenant of a call whose arguments name none (`fair_by` missing, '
+        'None or empty); `"override"` wins over `fair_by` (trusted producers); `"ignore"`: '
+        "never read (see [fairness and tenants](fairness-tenants.md))",
+        choice("fallback", "override", "ignore"),
+    ),
+    Setting(
         "governor_metrics_port",
         None,
         "serve Prometheus metrics on this port from every worker (None: off)",

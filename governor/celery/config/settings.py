@@ -66,6 +66,7 @@ class Settings:
     metrics_client_cafile: str | None = None
     metrics_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     metrics_tenants: int = 0
+    tenant_header: str = "fallback"
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     max_pause: float = 3600.0

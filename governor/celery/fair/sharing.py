@@ -26,12 +26,15 @@ import secrets
 import time
 from dataclasses import replace
 
+from redis.exceptions import RedisClusterException, RedisError
+
+from ...errors import StorageUnavailable
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
-from ..types import Call, Deferred, LimitSpec, Outcome
+from ..types import HEADER, Call, Deferred, LimitSpec, Outcome
 from ..waiting.republish import Republisher
-from .queue import FairQueue, fair_due_key
+from .queue import FairQueue, copy_marks, fair_due_key
 
 __all__ = ["FairSharing", "fair_spec"]
 
@@ -101,7 +104,10 @@ class FairSharing:
         if spec is None:  # the limit is no longer fair (changed live): nothing to claim
             state.fair = None
             return True
-        first = self.queue(spec).claim(self.store.client, state.fair, state.release or "")
+        sent, copy = copy_marks((getattr(call.request, "headers", None) or {}).get(HEADER))
+        first = self.queue(spec).claim(
+            self.store.client, state.fair, state.release or "", sent=sent, copy=copy
+        )
         state.fair = state.release = None
         self._in_use(spec)
         return first
@@ -113,7 +119,10 @@ class FairSharing:
         tenant = spec.tenant or ""
         text, waiting_state = self.republisher.message(call, spec.label)
         step = call.cost / spec.config.weight(tenant)
-        client.zadd(fair_due_key(self.settings.prefix), {queue.describe(): time.time()})
+        try:  # the gate's fail_mode decides what Redis away means
+            client.zadd(fair_due_key(self.settings.prefix), {queue.describe(): time.time()})
+        except (RedisError, RedisClusterException) as exc:
+            raise StorageUnavailable(f"Redis did not answer for fair queues: {exc}") from exc
         member = f"{call.request.id}:{secrets.token_hex(4)}"
         tag, waiting = queue.put(client, member, tenant, step, call.state.tag, text)
         call.state = replace(waiting_state, tag=tag)

@@ -36,6 +36,9 @@ metric                                      type       labels                  c
                                                                                process picked up
 ``governor_tenant_wait_seconds``            histogram  ``limit``, ``tenant``   waits under fair
                                                                                limits (opt in)
+``governor_dead_lettered_total``            counter    ``kind``                waiting messages
+                                                                               dead-lettered
+``governor_dead_letters``                   gauge      (none)                  dead letters held
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -53,6 +56,11 @@ metric                                      type       labels                  c
   the slot opened it started (compare with ``governor_late_tolerance``); 1 ms to 5 s.
 - ``governor_parked_tasks`` is whatever :func:`set_parked` last set, or what the callable given
   to :func:`install` (``parked=``) or :func:`watch_parked` returns at each scrape.
+- ``governor_dead_lettered_total`` counts waiting messages that could not be read or published
+  and went to the dead-letter place (``kind``: ``parked``, ``fair`` or ``cap``; the same
+  message put there again is not counted again); ``governor_dead_letters`` is how many the
+  place holds (read from Redis at each scrape, and set whenever a worker puts one there):
+  alert on it, then ``governor dead-letters list`` (see docs/dead-letters.md).
 - ``governor_running`` sums the live pool processes of a worker (a process that exits drops
   out); ``governor_handover_seconds`` runs from the moment a process freed a slot and published
   the waiting call to the moment that call started.
@@ -220,6 +228,19 @@ class Metrics:
             registry=registry,
         )
 
+        self.dead_lettered = Counter(
+            "governor_dead_lettered",
+            "Waiting messages that could not be read or published, moved to the dead letters.",
+            ["kind"],
+            registry=registry,
+        )
+        self.dead_letters = Gauge(
+            "governor_dead_letters",
+            "Messages held in the dead-letter place right now.",
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+
         self.tenant_wait: Histogram | None = None
         """Waits by tenant under fair limits: one series per tenant, so only on request
         (``governor_metrics_tenants``), and for at most ``tenant_cap`` tenants."""
@@ -271,5 +292,7 @@ class Metrics:
             self.adaptive_decreases,
             self.adaptive_factor,
             self.live_changes,
+            self.dead_lettered,
+            self.dead_letters,
             *([self.tenant_wait] if self.tenant_wait is not None else []),
         ]

@@ -74,12 +74,13 @@ class _State:
 _metrics: Metrics | None = None
 _state: _State | None = None
 _parked_source: Callable[[], float] | None = None
+_dead_source: Callable[[], float] | None = None
 _install_lock = threading.Lock()
 
 
 class _ParkedRefresher:
-    """Collects nothing; asks the ``parked`` callable for the gauge's value at each scrape.
-    Registered ahead of the metrics, so the scrape sees the fresh value."""
+    """Collects nothing; asks the ``parked`` and ``dead_letters`` callables for their gauges'
+    values at each scrape. Registered ahead of the metrics, so the scrape sees fresh values."""
 
     def describe(self) -> list[Metric]:
         return []
@@ -93,6 +94,15 @@ class _ParkedRefresher:
                 logger.debug("governor: the parked-tasks callable failed", exc_info=True)
             else:
                 set_parked(value)
+        dead = _dead_source
+        metrics = _metrics
+        if dead is not None and metrics is not None:
+            try:
+                count = float(dead())
+                with fork_lock:
+                    metrics.dead_letters.set(count)
+            except Exception:
+                logger.debug("governor: the dead-letters callable failed", exc_info=True)
         return []
 
 
@@ -109,6 +119,7 @@ def install(
     parked: Callable[[], float] | None = None,
     tenants: int = 0,
     protection: Protection | None = None,
+    dead_letters: Callable[[], float] | None = None,
 ) -> None:
     """Count governor's signals and serve them on ``addr:port`` (``port`` None: count only, for
     an exporter of your own). Call it once, in the worker's main process, before the pool forks
@@ -122,13 +133,16 @@ def install(
     ``tenants``: also ``governor_tenant_wait_seconds`` for at most this many tenants of fair
     limits per process (the rest count as ``tenant="other"``; 0: no tenant series; True: 100).
     ``protection``: TLS and basic authentication for the port (:mod:`.server`).
+    ``dead_letters``: called at each scrape for ``governor_dead_letters`` (by default, the dead
+    letters of the app's governor in Redis).
 
     A port that cannot be bound is logged as an error: tasks run on, without metrics.
     """
-    global _metrics, _state
+    global _metrics, _state, _dead_source
     with _install_lock:
         if parked is not None:
             watch_parked(parked)
+        _dead_source = dead_letters or _dead_letters_of(app)
         if _state is not None:
             if port is not None and _state.server is None and _state.port is None:
                 _serve(_state, port, addr, protection)
@@ -222,7 +236,7 @@ def watch_parked(source: Callable[[], float] | None) -> None:
 def uninstall() -> None:
     """Undo :func:`install` in this process: stop the server, disconnect the receivers, drop the
     metrics, and leave multiprocess mode if install entered it. For tests."""
-    global _metrics, _state
+    global _metrics, _state, _dead_source
     with _install_lock:
         state = _state
         if state is None:
@@ -234,7 +248,7 @@ def uninstall() -> None:
             state.server.server_close()
         if state.thread is not None:
             state.thread.join(5)
-        metrics, _metrics, _state = _metrics, None, None
+        metrics, _metrics, _state, _dead_source = _metrics, None, None, None
         for metric in metrics.all() if metrics is not None else []:
             with contextlib.suppress(KeyError):
                 REGISTRY.unregister(metric)
@@ -243,6 +257,21 @@ def uninstall() -> None:
 
 
 # -- plumbing ---------------------------------------------------------------------------------
+
+
+def _dead_letters_of(app: Any) -> Callable[[], float] | None:
+    """How many dead letters the app's governor holds in Redis (one ZCARD a scrape)."""
+    from .. import registry
+    from ..waiting import dead_letters
+
+    try:
+        governor = registry.find(app)
+    except TypeError:  # not an app at all
+        return None
+    if governor is None:
+        return None
+    gate, prefix = governor.gate, governor.settings.prefix
+    return lambda: dead_letters.count(gate.client, prefix)
 
 
 def _undo(state: _State) -> None:

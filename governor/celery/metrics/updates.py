@@ -106,6 +106,14 @@ def _live_changed(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
         m.live_changes.labels(str(label)).inc()
 
 
+def _dead_lettered(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    if not kw.get("again"):
+        m.dead_lettered.labels(str(kw.get("kind") or "unknown")).inc()
+    count = kw.get("count")
+    if count is not None:
+        m.dead_letters.set(float(count))
+
+
 UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.task_admitted, _admitted),
     (signals.task_deferred, _deferred),
@@ -119,5 +127,6 @@ UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.shadow_denied, _shadow_denied),
     (signals.limit_adapted, _adapted),
     (signals.live_limits_changed, _live_changed),
+    (signals.message_dead_lettered, _dead_lettered),
 ]
 """Which signal updates which metrics (receivers: :mod:`.metrics`)."""

@@ -73,7 +73,7 @@ class CapLine:
         message, state = self.republisher.message(call, label)
         waited = lim.wait(spec.subject, holder_of(call), message)
         if waited.handed:
-            self.republisher.handover.publish(list(waited.handed))
+            self.republisher.handover.publish(list(waited.handed), (lim, spec.subject))
         if waited.status in ("room", "mine"):
             return None
         if waited.status != "queued":  # copy or done, seen only now
@@ -120,7 +120,7 @@ class CapLine:
             return
         if left.place:
             logger.info("governor: %s left the line of %s (%s)", holder, spec.label, left.place)
-        self.republisher.handover.publish(list(left.handed))
+        self.republisher.handover.publish(list(left.handed), (lim, spec.subject))
 
     def _index(self, lim: Limiter, subject: str, due: float) -> None:
         """Have the sweepers look at this cap when its earliest lease could lapse."""
@@ -176,7 +176,7 @@ class CapSweeper:
                 continue
             lim = self._limiter(parsed[0])
             nxt, pairs = lim.sweep(parsed[1], configured=False)
-            handed += self.handover.publish(pairs)
+            handed += self.handover.publish(pairs, (lim, parsed[1]))
             if nxt:
                 client.zadd(key, {name: round(nxt * 1000)}, xx=True)
                 continue

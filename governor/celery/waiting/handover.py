@@ -3,9 +3,12 @@
 
 A waiter's message is published once: governor never sends it again while a copy of it may be
 in the broker (a copy delayed past the hand-over's lease keeps its place in line, see
-``lua/cap.lua``). A message the broker refuses is known not to be out: it is parked (Redis),
-and the releasers publish it when the broker is back (run once: the parking id is claimed).
-One that cannot be read stays with its lapsed hand-over for :meth:`~governor.Limiter.leave`.
+``lua/cap.lua``). A message the broker refuses for a passing reason is known not to be out: it
+is parked (Redis), and the releasers publish it when the broker is back (run once: the parking
+id is claimed). One that cannot be read, or that the broker refuses for good, goes to the dead
+letters (:mod:`.dead_letters`, source ``cap:<limit>:<subject>``); when the caller says which cap
+it came from, it also leaves that cap's line at once, passing the slot on
+(:meth:`~governor.Limiter.leave`), else its hand-over lapses after one lease.
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..types import HEADER, Handed
-from . import parking
+from . import dead_letters, parking
 from .envelope import envelope, open_envelope
 
 if TYPE_CHECKING:
+    from ...limiter import Limiter
     from ..config.settings import Settings
     from ..config.store import Store
 
-__all__ = ["Handover"]
+__all__ = ["Cap", "Handover"]
 
 logger = logging.getLogger("governor.celery")
+Cap = tuple["Limiter", str]
+"""The cap a hand-over came from: its limiter and subject."""
 
 
 class Handover:
@@ -36,21 +42,18 @@ class Handover:
         self.store = store
         self.settings = settings
 
-    def publish(self, handed: Handed | tuple[tuple[str, str], ...]) -> int:
-        """Publish each (holder, message); returns how many went out (or were parked)."""
+    def publish(self, handed: Handed | tuple[tuple[str, str], ...], cap: Cap | None = None) -> int:
+        """Publish each (holder, message); returns how many went out (or were parked).
+        ``cap``: where they were handed a slot, when the caller knows it."""
+        from .republish import TRANSIENT  # here: republish imports this module
+
         sent = 0
         now = time.time()
         for holder, text in handed:
             try:
                 sig, _due, env = open_envelope(self.app, text)
             except Exception as exc:
-                logger.error(
-                    "governor: the message of %s, handed a slot, cannot be read: its hand-over "
-                    "lapses after the lease and stays listed (Limiter.lapsed) until Limiter.leave "
-                    "takes it: %r",
-                    holder,
-                    exc,
-                )
+                self._dead(cap, holder, text, f"unreadable: {exc!r}")
                 continue
             headers = dict(sig.options.get("headers") or {})
             carried = headers.get(HEADER)
@@ -58,11 +61,33 @@ class Handover:
             sig.options["headers"] = headers
             try:
                 sig.apply_async()
-            except Exception as exc:  # not sent: park it for the releasers
+            except TRANSIENT as exc:  # not sent: park it for the releasers
                 if not self._park(holder, sig, str(env.get("label") or ""), exc):
                     continue
+            except Exception as exc:  # it never can be sent
+                self._dead(cap, holder, text, f"cannot publish: {exc!r}")
+                continue
             sent += 1
         return sent
+
+    def _dead(self, cap: Cap | None, holder: str, text: str, reason: str) -> None:
+        """Keep a handed-over message that cannot go out in the dead letters; with its cap
+        known, take it out of the line too (the slot goes on to the next waiter)."""
+        source = f"cap:{cap[0].name}:{cap[1]}" if cap is not None else "cap"
+        try:
+            dead_letters.put(self.store.client, self.settings.prefix, source, holder, text, reason)
+        except Exception as exc:  # Redis away: the hand-over lapses after the lease instead
+            logger.error("governor: could not dead-letter %s (%s): %r", holder, reason, exc)
+            return
+        if cap is None:
+            return
+        lim, subject = cap
+        try:
+            left = lim.leave(subject, holder)
+        except Exception as exc:  # its hand-over lapses after the lease instead
+            logger.warning("governor: %s stays in the line of %s: %r", holder, source, exc)
+            return
+        self.publish(left.handed, cap)
 
     def _park(self, holder: str, sig: Any, label: str, error: Exception) -> bool:
         settings = self.settings

@@ -103,7 +103,7 @@ def park(
     prefix: str,
     parking_id: str,
     due: float,
-    text: str,
+    text: str | bytes,
     replicas: int = 0,
     timeout: float = 1.0,
 ) -> int:
@@ -178,12 +178,16 @@ def claim_first_delivery(
     return token is not None and holder == token
 
 
-def stamp_release(sig: Any) -> str:
-    """Mark a signature about to be released with a token of this publication."""
+def stamp_release(sig: Any, parking_id: str | None = None) -> str:
+    """Mark a signature about to be released with a token of this publication (and, when its
+    header does not name it yet, the parking id it claims on arrival: a re-driven dead letter's
+    message was not parked by the gate)."""
     token = secrets.token_hex(8)
     headers = dict(sig.options.get("headers") or {})
-    carried = headers.get(HEADER)
-    headers[HEADER] = {**(carried if isinstance(carried, dict) else {}), "release": token}
+    carried = dict(headers.get(HEADER) or {}) if isinstance(headers.get(HEADER), dict) else {}
+    if parking_id is not None and not carried.get("parked"):
+        carried["parked"] = parking_id
+    headers[HEADER] = {**carried, "release": token}
     sig.options["headers"] = headers
     return token
 
@@ -213,15 +217,22 @@ def parked_entries(client: redis.Redis, prefix: str, shards: int = 1) -> Iterato
 
 
 def take_due(
-    client: redis.Redis, prefix: str, horizon: float, pickup: float, batch: int, shards: int = 1
+    client: redis.Redis,
+    prefix: str,
+    horizon: float,
+    pickup: float,
+    batch: int,
+    shards: int = 1,
+    now: float | None = None,
 ) -> tuple[float, list[tuple[str, bytes | str]]]:
     """Pick up what is due within ``horizon`` seconds (and what a dead releaser left), for
     ``pickup`` seconds, from every shard: (Redis time, [(parking id, envelope)]), at most
     ``batch`` a shard. Publish each one, then :func:`forget_released` it; what is not
-    forgotten is picked up again when its pickup lapses. A shard that does not answer (its cluster
+    forgotten is picked up again when its pickup lapses (``now``: Unix seconds for tests; None,
+    Redis's clock). A shard that does not answer (its cluster
     master is down) is skipped with a warning, so the others keep flowing and what was taken
     from them is published; :class:`StorageUnavailable` only when none answers."""
-    now, taken = 0.0, []
+    redis_now, taken = 0.0, []
     groups, failed = all_shards(shards), []
     for shard in groups:
         try:
@@ -229,12 +240,17 @@ def take_due(
                 client,
                 package_script("governor.celery.waiting", "take_due"),
                 list(keys(prefix, shard)),
-                [round(horizon * 1000), round(pickup * 1000), batch],
+                [
+                    round(horizon * 1000),
+                    round(pickup * 1000),
+                    batch,
+                    "" if now is None else round(now * 1000),
+                ],
             )
         except StorageUnavailable as exc:
             failed.append(exc)
             continue
-        now = max(now, int(reply[0]) / 1000)
+        redis_now = max(redis_now, int(reply[0]) / 1000)
         taken += [
             (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
             for i in range(1, len(reply), 2)
@@ -248,13 +264,16 @@ def take_due(
             len(groups),
             failed[0],
         )
-    return now, taken
+    return redis_now, taken
 
 
 def forget_released(client: redis.Redis, prefix: str, parking_id: str) -> None:
-    """A taken entry was published: remove it."""
+    """A taken entry was published (or dead-lettered): remove it."""
     _, msgs_key, lease_key = keys(prefix, shard_of(parking_id))
-    pipe = client.pipeline(transaction=True)
-    pipe.zrem(lease_key, parking_id)
-    pipe.hdel(msgs_key, parking_id)
-    pipe.execute()
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.zrem(lease_key, parking_id)
+        pipe.hdel(msgs_key, parking_id)
+        pipe.execute()
+    except (RedisError, RedisClusterException) as exc:  # taken again after its pickup lapses
+        raise StorageUnavailable(f"Redis did not answer for parked tasks: {exc}") from exc

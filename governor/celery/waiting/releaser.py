@@ -4,7 +4,9 @@ caps whose holders may have died while tasks wait in line (see :mod:`.cap_line`)
 starts it from :mod:`governor.celery.bootstep`.
 
 A releaser *picks up* due entries: a pickup lapses after ``governor_release_lease`` seconds,
-after which another releaser may pick them up again (see ``take_due.lua``)."""
+after which another releaser may pick them up again (see ``take_due.lua``). An entry it cannot
+read, or that the broker refuses for good, goes to the dead letters (:mod:`.dead_letters`): kept
+and counted, never taken again in a loop (a batch of them would hold up every other entry)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from typing import Any
 import redis
 
 from .. import fork_guard, signals
-from . import parking
+from . import dead_letters, parking
 from .cap_line import CapSweeper
 from .envelope import open_envelope
+from .republish import TRANSIENT
 
 __all__ = ["Releaser"]
 
@@ -55,31 +58,41 @@ class Releaser:
         self.sweeper = sweeper
         self.shards = shards
         """Parking shards to take from (``governor_parking_shards``)."""
+        self.taken = 0
+        """Entries the last :meth:`release_once` took (published or dead-lettered)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._round = threading.Lock()
         """Held through each round: a fork of the process waits for it (see .fork_guard)."""
 
-    def release_once(self) -> int:
-        """Take and publish what is due within the horizon; returns how many were published."""
+    def release_once(self, now: float | None = None) -> int:
+        """Take and publish what is due within the horizon; returns how many were published.
+        ``now``: Unix seconds for tests (None: Redis's clock)."""
         if self.horizon is None:
             return 0
         client = self.client_factory()
         now, taken = parking.take_due(
-            client, self.prefix, self.horizon, self.pickup, self.batch, self.shards
+            client, self.prefix, self.horizon, self.pickup, self.batch, self.shards, now
         )
         taken_at = time.monotonic()
+        self.taken = len(taken)
         published = 0
         for parking_id, text in taken:
             try:
                 sig, due, _env = open_envelope(self.app, text)
-            except Exception as exc:  # unreadable: keep it leased and visible in the logs
-                logger.error("governor: cannot read parked task %s: %r", parking_id, exc)
+            except Exception as exc:  # unreadable: no use taking it again and again
+                self._dead(client, parking_id, text, f"unreadable: {exc!r}")
                 continue
-            parking.stamp_release(sig)
+            parking.stamp_release(sig, parking_id)
             # the Redis clock now: publishing a large batch takes a while
             elapsed = time.monotonic() - taken_at
-            sig.apply_async(countdown=max(0.0, due - now - elapsed - self.lead))
+            try:
+                sig.apply_async(countdown=max(0.0, due - now - elapsed - self.lead))
+            except TRANSIENT:
+                raise  # the broker is away: what is left stays picked up, taken again later
+            except Exception as exc:  # refused for good (say, an unknown serializer)
+                self._dead(client, parking_id, text, f"cannot publish: {exc!r}")
+                continue
             parking.forget_released(client, self.prefix, parking_id)
             published += 1
         if published:
@@ -87,12 +100,19 @@ class Releaser:
             logger.debug("governor: released %d parked tasks", published)
         return published
 
+    def _dead(self, client: redis.Redis, parking_id: str, text: bytes | str, reason: str) -> None:
+        """Move a parked entry that cannot go out to the dead letters (kept, counted; see
+        :mod:`.dead_letters`), then forget it here."""
+        dead_letters.put(client, self.prefix, "parked", parking_id, text, reason)
+        parking.forget_released(client, self.prefix, parking_id)
+
     def run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._round:
                 try:
-                    while self.release_once() >= self.batch and not self._stop.is_set():
-                        pass
+                    self.release_once()
+                    while self.taken >= self.batch and not self._stop.is_set():
+                        self.release_once()  # a full batch: more may be due
                 except Exception as exc:  # Redis or broker trouble: try again next round
                     logger.warning("governor: releasing parked tasks failed: %r", exc)
                 if self.sweeper is not None:

@@ -6,12 +6,16 @@
 -- ARGV[1]  horizon (ms): take what is due within this long from now
 -- ARGV[2]  pickup (ms): how long a releaser may take to publish before others take them again
 -- ARGV[3]  at most this many
+-- ARGV[4]  now (Unix ms), or '' (or absent) to read Redis TIME (tests pass their own clock)
 -- Returns  {now_ms, id_1, envelope_1, id_2, envelope_2, ...}. A releaser publishes each one, then
 --          forgets it (ZREM lease, HDEL msgs). One that dies first leaves its pickup to lapse:
 --          the entries are taken again, so nothing is lost; a task published twice that way is
 --          run once (the consumer claims the parking id before running it).
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
+end
 local limit = tonumber(ARGV[3])
 local out = {now}
 local function take(id)
