@@ -13,7 +13,10 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from governor import Limiter
 from governor.celery import Governor, metrics
+from governor.celery.config.settings import load_settings
+from governor.celery.config.store import Store
 from governor.celery.fair.dispatcher import FairDispatcher
 from governor.celery.fair.queue import CLAIMS_LONG_MS, CLAIMS_MS, FairQueue
 from governor.celery.waiting import dead_letters
@@ -70,13 +73,16 @@ def test_a_handed_over_message_that_cannot_be_read_is_dead_lettered(
     def job(n: int) -> None: ...
 
     client = redis.Redis.from_url(redis_server.url(2))
-    prefix = f"gt{uuid.uuid4().hex[:10]}"
-    handover = Handover(app, lambda: client, prefix)
+    settings = load_settings(app.conf)
+    prefix = settings.prefix
+    handover = Handover(app, Store(settings), settings)
+    cap = Limiter(client, None, concurrency=1, name="queue", prefix=prefix)
     good = envelope(app, job.s(1).set(queue=q), 0.0, "queue:q")
-    assert handover.publish([("bad:0", "not-json"), ("ok:0", good)], "queue:emails") == 1
+    assert handover.publish([("bad:0", "not-json"), ("ok:0", good)], (cap, "emails")) == 1
     [letter] = dead_letters.entries(client, prefix)
     assert (letter.source, letter.kind, letter.entry) == ("cap:queue:emails", "cap", "bad:0")
-    assert Handover(app).publish([("bad:0", "not-json")]) == 0  # no Redis given: logged only
+    assert handover.publish([("lost:0", "not-json")]) == 0  # its cap unknown: source "cap"
+    assert {x.source for x in dead_letters.entries(client, prefix)} == {"cap:queue:emails", "cap"}
     broker = redis.Redis.from_url(redis_server.url(1))
     assert broker.llen(q) == 1
 
