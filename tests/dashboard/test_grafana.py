@@ -310,6 +310,7 @@ def test_the_alert_rules_are_prometheus_rules() -> None:
         "GovernorLatenessHigh",
         "GovernorParkedTasksGrowing",
         "GovernorSlotsLost",
+        "GovernorDeadLetters",
     }
     for name, rule in rules.items():
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, name
