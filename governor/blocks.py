@@ -9,6 +9,7 @@ from typing import Any
 
 from .decision import Pause
 from .errors import ConfigError
+from .text import as_text
 
 __all__ = ["PAUSE_MARK", "block_call", "block_reason", "parse_pause", "pause_call", "us"]
 
@@ -66,7 +67,7 @@ def pause_call(
 
 def block_reason(raw: bytes | str) -> tuple[str, bool]:
     """A stored block reason as (the reason, whether an upstream pause made the block)."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = as_text(raw)
     if text.startswith(PAUSE_MARK):
         return text[len(PAUSE_MARK) :], True
     return text, False

@@ -17,6 +17,7 @@ from typing import Any
 
 from .decision import CapUsage, Holder
 from .errors import ConfigError, SubjectError
+from .text import as_text
 
 __all__ = [
     "CAP_SUFFIXES",
@@ -118,13 +119,9 @@ def new_token() -> str:
     return secrets.token_hex(8)
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def handed(items: Sequence[Any]) -> tuple[tuple[str, str], ...]:
     """(holder, message) pairs from a script's flat list."""
-    return tuple((_text(items[i]), _text(items[i + 1])) for i in range(0, len(items) - 1, 2))
+    return tuple((as_text(items[i]), as_text(items[i + 1])) for i in range(0, len(items) - 1, 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +139,7 @@ class Waited:
 
 
 def waited(reply: Sequence[Any]) -> Waited:
-    status = _text(reply[0])
+    status = as_text(reply[0])
     value = int(reply[1])
     return Waited(
         status=status,
@@ -171,25 +168,27 @@ class Left:
 
 
 def left(reply: Sequence[Any]) -> Left:
-    return Left(_text(reply[0]), _text(reply[1]), int(reply[2]) / 1000, handed(reply[3:]))
+    return Left(as_text(reply[0]), as_text(reply[1]), int(reply[2]) / 1000, handed(reply[3:]))
 
 
 def lapsed(reply: Sequence[Any]) -> tuple[tuple[str, float], ...]:
     """(holder, when its hand-over lapsed, Unix seconds) pairs, the oldest first."""
-    return tuple((_text(reply[i]), float(reply[i + 1]) / 1000) for i in range(1, len(reply) - 1, 2))
+    return tuple(
+        (as_text(reply[i]), float(reply[i + 1]) / 1000) for i in range(1, len(reply) - 1, 2)
+    )
 
 
 def usage(reply: Sequence[Any]) -> CapUsage:
     now_ms, limit, waiting = int(reply[0]), int(reply[1]), int(reply[2])
     holders = []
     for i in range(3, len(reply) - 2, 3):
-        parts = _text(reply[i + 2]).split(" ", 4)
+        parts = as_text(reply[i + 2]).split(" ", 4)
         if len(parts) < 5:
             continue
         _token, since, n, flags, info = parts
         holders.append(
             Holder(
-                holder=_text(reply[i]),
+                holder=as_text(reply[i]),
                 since=int(since) / 1000,
                 expires=float(reply[i + 1]) / 1000,
                 fence=0 if flags == "p" else int(n),  # a pending entry keeps its place in line

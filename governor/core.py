@@ -28,6 +28,7 @@ from .scripts import (
     pause_script,
 )
 from .storage_errors import storage_error
+from .text import as_text
 
 __all__ = ["LimiterBase"]
 
@@ -48,10 +49,6 @@ def _cost(cost: object) -> int:
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
         raise CostError(f"cost must be a positive integer, got {cost!r}")
     return cost
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _digest(text: str) -> str:
@@ -393,7 +390,7 @@ class LimiterBase:
             slot=d.slot,
             cost=d.cost,
             units=d.units,
-            capped=_text(parts[8]) if int(parts[2]) == -2 else None,
+            capped=as_text(parts[8]) if int(parts[2]) == -2 else None,
             hold=Hold(hold.holder, hold.token, fence, hold.lease) if fence else None,
             handed=handed(reply[3:]),
         )
@@ -467,7 +464,7 @@ class LimiterBase:
         return [*self.keys(subject), head + SETTLED], args
 
     def _settled(self, reply: Any) -> Settled:
-        parts = _text(reply).split()
+        parts = as_text(reply).split()
         numbers = [int(x) for x in parts[1:]]
         return Settled(
             status=parts[0],

@@ -28,6 +28,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from .text import as_text
+
 __all__ = [
     "FAIL",
     "OK",
@@ -57,10 +59,6 @@ class Check:
     server: str = ""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def servers(client: Any) -> list[tuple[str, redis.Redis]]:
     """``(address, client of that server)`` for each server holding data: a cluster's
     masters, else the one server (a Sentinel master: the master it points at now)."""
@@ -85,7 +83,7 @@ def _config(client: redis.Redis, name: str) -> str | None:
         found = client.config_get(name)
     except ResponseError:
         return None
-    return None if name not in found else _text(found[name])
+    return None if name not in found else as_text(found[name])
 
 
 def persistence(server: str, client: redis.Redis) -> Check:
@@ -144,7 +142,7 @@ def eviction(server: str, client: redis.Redis) -> Check:
     """Can this server evict governor's keys when its memory is full?"""
     memory = client.info("memory")
     limit = int(memory.get("maxmemory", 0))
-    policy = _text(memory.get("maxmemory_policy", "?"))
+    policy = as_text(memory.get("maxmemory_policy", "?"))
     if policy == "noeviction":
         return Check(
             "eviction",
@@ -208,7 +206,7 @@ def cluster_coverage(client: Any) -> list[Check]:
         return []
     checks = []
     for server, node in servers(client):
-        raw = _text(node.execute_command("CLUSTER", "INFO"))  # type: ignore[no-untyped-call]
+        raw = as_text(node.execute_command("CLUSTER", "INFO"))  # type: ignore[no-untyped-call]
         info = dict(line.split(":", 1) for line in raw.split() if ":" in line)
         state, ok = info.get("cluster_state"), info.get("cluster_slots_ok")
         detail = (
@@ -228,7 +226,7 @@ def visibility(
 ) -> Check | None:
     """The broker's visibility timeout against the longest ETA governor gives it (None: the
     broker has none). A message held unacknowledged longer than it is delivered again."""
-    url = _text(broker_url or "")
+    url = as_text(broker_url or "")
     scheme = url.split("://", 1)[0]
     if scheme not in ("redis", "rediss", "sentinel", "socket", "unix"):
         return None

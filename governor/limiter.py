@@ -16,6 +16,7 @@ from .direct import Lane, NotSent, lane_for
 from .keys import Subject, parse_key
 from .rules import MeterSpec, RuleSpec
 from .scripts import LuaScript
+from .text import as_text
 
 __all__ = ["Limiter"]
 
@@ -360,7 +361,7 @@ class Limiter(LimiterBase):
         seen: set[str] = set()
         try:
             for raw in self.client.scan_iter(match=self._pattern(), count=count):
-                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+                key = as_text(raw)
                 parts = parse_key(key, self.prefix)
                 if parts and parts[0] == self.name and parts[1] not in seen:
                     seen.add(parts[1])

@@ -20,6 +20,7 @@ from ..costs import Cost
 from ..decision import CapUsage, Decision, Hold, Pause, Settled, Slot, Usage
 from ..keys import Subject, parse_key
 from ..scripts import LuaScript
+from ..text import as_text
 
 __all__ = ["Limiter"]
 
@@ -265,7 +266,7 @@ class Limiter(LimiterBase):
         seen: set[str] = set()
         try:
             async for raw in self.client.scan_iter(match=self._pattern(), count=count):
-                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+                key = as_text(raw)
                 parts = parse_key(key, self.prefix)
                 if parts and parts[0] == self.name and parts[1] not in seen:
                     seen.add(parts[1])

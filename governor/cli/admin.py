@@ -17,6 +17,7 @@ import click
 
 from ..limiter import Limiter
 from ..rules import Rule
+from ..text import as_text
 from .common import (
     Duration,
     State,
@@ -53,9 +54,7 @@ def forget_counts(state: State, name: str, subject: str) -> int:
     ).keys(subject)
     pattern = glob_escape(state_key.rsplit(":", 1)[0] + ":") + "*"
     doomed = [
-        k
-        for k in state.client.scan_iter(match=pattern, count=1000)
-        if (k.decode() if isinstance(k, bytes) else k) != block_key
+        k for k in state.client.scan_iter(match=pattern, count=1000) if as_text(k) != block_key
     ]
     if doomed:
         state.client.delete(*doomed)

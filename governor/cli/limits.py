@@ -26,6 +26,7 @@ from ..algorithms import ALGORITHMS
 from ..decision import CapUsage, Usage
 from ..keys import escape, parse_key
 from ..limiter import Limiter
+from ..text import as_text
 from .app_limits import app_limits, configured_limits
 from .apps import settings_of
 from .common import CliError, State
@@ -118,7 +119,7 @@ def found_limits(state: State) -> list[tuple[LimitEntry, list[str]]]:
     subjects: dict[str, dict[str, None]] = {}
     algorithms: dict[str, set[str]] = {}
     for raw in state.client.scan_iter(match=pattern, count=1000):
-        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        key = as_text(raw)
         parts = parse_key(key, state.prefix)
         if parts is None:
             continue

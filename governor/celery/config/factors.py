@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...rules import Rule
+from ...text import as_text
 from ..types import LimitConfig
 
 __all__ = ["Factor", "adaptive_key", "read_factors", "scale_rules", "scaled"]
@@ -49,12 +50,10 @@ def read_factors(client: Any, prefix: str) -> dict[str, Factor]:
     """Every adaptive limit's factor by label (one HGETALL)."""
     out: dict[str, Factor] = {}
     for label, raw in client.hgetall(adaptive_key(prefix)).items():
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        text = as_text(raw)
         value, _, since = text.partition(":")
         try:
-            out[label.decode() if isinstance(label, bytes) else str(label)] = Factor(
-                float(value), int(since) / 1e6
-            )
+            out[as_text(label)] = Factor(float(value), int(since) / 1e6)
         except ValueError:
             continue
     return out

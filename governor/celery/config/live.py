@@ -30,6 +30,7 @@ from typing import Any
 from redis.exceptions import RedisClusterException, RedisError
 
 from ...errors import ConfigError
+from ...text import as_text
 from .. import signals
 from ..types import LimitConfig, LimitSpec
 from .factors import Factor, read_factors, scaled
@@ -92,7 +93,7 @@ class LiveLimits:
         """Every live limit by label (an entry that does not parse is left out, logged)."""
         out: dict[str, LiveEntry] = {}
         for raw_label, raw in self.client.hgetall(self.key).items():
-            label = raw_label.decode() if isinstance(raw_label, bytes) else str(raw_label)
+            label = as_text(raw_label)
             try:
                 record = json.loads(raw)
                 out[label] = LiveEntry(

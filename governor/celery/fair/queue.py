@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from ...limiter import Limiter
 from ...scripts import LuaScript, package_script, run_script
+from ...text import as_text
 
 __all__ = [
     "CLAIMS_LONG_MS",
@@ -127,7 +128,7 @@ class FairQueue:
         args = [room, TRANSIT_MS, most, int(booked), _ms(now), TRANSIT_MAX_MS, KEEP_MS]
         reply = run_script(client, _script("fair_take"), keys, args)
         calls = [
-            Sent(_text(reply[i]), _text(reply[i + 1]), _text(reply[i + 2]), int(reply[i + 3]))
+            Sent(as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]), int(reply[i + 3]))
             for i in range(3, len(reply), 4)
         ]
         return Taken(int(reply[0]), int(reply[1]), int(reply[2]) / 1000, calls)
@@ -156,7 +157,7 @@ class FairQueue:
     def waiting(self, client: Any) -> dict[str, int]:
         """Calls waiting per tenant."""
         raw = client.hgetall(self.key_names("fn")[0])
-        return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+        return {as_text(k): int(v) for k, v in raw.items() if int(v) > 0}
 
     def describe(self) -> str:
         """The index entry: what a dispatcher needs to build the limiter."""
@@ -190,7 +191,3 @@ def copy_marks(carried: Any) -> tuple[float | None, int]:
 def _ms(now: float | None) -> int | str:
     """A script's clock argument: Unix ms, or '' for Redis's own."""
     return "" if now is None else round(now * 1000)
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -25,6 +25,7 @@ from ...errors import GovernorError
 from ...keys import escape, unescape
 from ...limiter import Limiter
 from ...scripts import package_script, run_script
+from ...text import as_text
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
@@ -169,7 +170,7 @@ class CapSweeper:
         )
         now_ms, handed = int(reply[0]), 0
         for raw in reply[1:]:
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            name = as_text(raw)
             parsed = parse_member(name)
             if parsed is None:
                 client.zrem(key, name)

@@ -40,6 +40,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from ...errors import StorageUnavailable
 from ...scripts import package_script, run_script
+from ...text import as_text
 from .. import signals
 from . import parking
 
@@ -158,7 +159,7 @@ def entries(client: Any, prefix: str, limit: int | None = None) -> list[DeadLett
     if limit == 0:
         return []
     listed = _read(lambda: client.zrange(index, 0, end, withscores=True))
-    ids = [_str(raw) for raw, _ in listed]
+    ids = [as_text(raw) for raw, _ in listed]
     if not ids:
         return []
     records, counts = _read(lambda: (client.hmget(msgs, ids), client.hmget(times, ids)))
@@ -232,7 +233,7 @@ def _parse(letter_id: str, raw: Any, first: float, times: int) -> DeadLetter:
         if not isinstance(record, dict):
             raise ValueError("not an object")
     except ValueError:  # not ours: show it as it is
-        record = {"source": "?", "entry": "?", "reason": "unreadable record", "text": _str(raw)}
+        record = {"source": "?", "entry": "?", "reason": "unreadable record", "text": as_text(raw)}
     return _letter(letter_id, record, first, times)
 
 
@@ -258,7 +259,3 @@ def _read(fn: Any) -> Any:
         return fn()
     except (RedisError, RedisClusterException) as exc:
         raise StorageUnavailable(f"Redis did not answer for the dead letters: {exc}") from exc
-
-
-def _str(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -43,6 +43,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from ...errors import StorageUnavailable
 from ...scripts import package_script, run_script
+from ...text import as_text
 from ..types import HEADER
 
 __all__ = [
@@ -251,10 +252,7 @@ def take_due(
             failed.append(exc)
             continue
         redis_now = max(redis_now, int(reply[0]) / 1000)
-        taken += [
-            (reply[i].decode() if isinstance(reply[i], bytes) else reply[i], reply[i + 1])
-            for i in range(1, len(reply), 2)
-        ]
+        taken += [(as_text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
     if len(failed) == len(groups):
         raise failed[0]
     if failed:
