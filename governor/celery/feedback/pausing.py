@@ -30,6 +30,8 @@ from .backoff import LIMIT_KINDS, Backoff
 __all__ = ["Pausing", "paused_specs"]
 
 logger = logging.getLogger("governor.celery")
+MIN_PAUSE = 0.001
+"""A Backoff asking for less (seconds) pauses as one without a wait does."""
 
 
 def paused_specs(specs: list[LimitSpec], limit: str | None) -> list[LimitSpec]:
@@ -76,6 +78,11 @@ class Pausing:
         """Pause, book behind the pause, re-publish; the Deferred is for the caller to raise."""
         settings = self.settings
         wait = exc.retry_after
+        if wait is not None and wait < MIN_PAUSE:
+            # "now" (Retry-After: 0), or a moment already past on this host's clock (a skewed
+            # HTTP-date or reset): no usable length, yet the upstream refused. The capped
+            # exponential pause, which grows if the answer repeats (never a loop at full speed)
+            wait = None
         if wait is not None and wait > settings.max_pause:
             logger.warning(
                 "governor: %s asked for a %.0fs pause; pausing %.0fs (governor_max_pause)",
