@@ -345,7 +345,8 @@ TASK_OPTIONS: tuple[Setting, ...] = (
     Setting(
         "governor_cost",
         1,
-        "units a call costs: an int, or a callable like `governor_key`; caps count calls",
+        "units a call costs: an int, or a callable like `governor_key` (a fraction rounds "
+        "up; 0 runs at once, counted by no limit); caps count calls",
     ),
     Setting(
         "governor_max_wait",
