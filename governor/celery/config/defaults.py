@@ -301,6 +301,13 @@ SETTINGS: tuple[Setting, ...] = (
         fraction,
     ),
     Setting(
+        "governor_adaptive_hold",
+        60.0,
+        "climbing back, it stays this long at 90% of the rate the upstream refused before it "
+        "probes higher (seconds; 0: no hold)",
+        seconds_at_least(0.0, 86_400.0),
+    ),
+    Setting(
         "governor_metrics_port",
         None,
         "serve Prometheus metrics on this port from every worker (None: off)",

@@ -71,6 +71,7 @@ class Settings:
     adaptive_decrease: float = 0.7
     adaptive_rise: float = 0.02
     adaptive_floor: float = 0.05
+    adaptive_hold: float = 60.0
 
     @property
     def lead(self) -> float:

@@ -15,9 +15,11 @@ to run again behind the pause.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ...errors import StorageUnavailable
 from .. import signals
+from ..config.factors import configured
 from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
@@ -145,7 +147,7 @@ class Pausing:
         if not specs:  # nothing governs the call: it only waits, as asked
             delay = settings.backoff_base if wait is None else wait
             return self.republisher.republish(call, Outcome(False, delay=delay), label)
-        limiters = self.decider.limiters(call.specs)
+        limiters = self.decider.limiters(self._now(call.specs))
         if all(lim.books and lim.cap is None for lim, _ in limiters):
             start = max(until, (now or until) + 0.001)  # a booking, never an admission now
             outcome = self.decider.reserve_all(limiters, call.cost, not_before=start)
@@ -153,6 +155,13 @@ class Pausing:
             outcome = Outcome(False, delay=max(0.0, until - (now or until)), now=now)
         call.state.slots = None  # bookings it held were used by the run that got the answer
         return self.republisher.republish(call, outcome, label)
+
+    def _now(self, specs: list[LimitSpec]) -> list[LimitSpec]:
+        """The call's limits at their rates now: an adaptive one just lowered books the task
+        behind the pause at its new rate, not at the one its 429 came under."""
+        if self.live is None or not any(s.config.adaptive for s in specs):
+            return specs
+        return self.live.apply([replace(s, config=configured(s.config)) for s in specs])
 
     def _adapt(self, call: Call, spec: LimitSpec, pause: float) -> None:
         """An adaptive limit: lower its rate (once per overload; see :mod:`.adaptive`)."""
