@@ -81,17 +81,27 @@ def test_the_climb_holds_below_where_the_upstream_refused() -> None:
 
 def test_a_decrease_remembers_where_the_upstream_refused(r: redis.Redis, prefix: str) -> None:
     settings = Settings(redis_url=None, prefix=prefix, adaptive_hold=30.0)
+    key = f"{prefix}:{{live}}:adaptive"
     assert decrease(r, settings, "queue:q", gap=30) == (pytest.approx(0.7), True)
     first = read_factors(r, prefix)["queue:q"]
     assert first.refused == 1.0 and first.value == pytest.approx(0.7)
-    # adapt.lua and Factor.at climb alike: the next decrease is from the factor there
-    r.hset(f"{prefix}:{{live}}:adaptive", "queue:q", f"0.42:{round((time.time() - 10) * 1e6)}:0.6")
+    # lowered to 0.42 ten seconds ago after a refusal at 0.6: now held at 0.54, where a lone
+    # refusal (the quota's edge met a few ms early) pauses but keeps the rate
+    ago = round((time.time() - 10) * 1e6)
+    r.hset(key, "queue:q", f"0.42:{ago}:0.6")
+    factor, changed = decrease(r, settings, "queue:q", gap=1)
+    assert not changed and factor == pytest.approx(HOLD_AT * 0.6, abs=1e-3)
+    assert read_factors(r, prefix)["queue:q"] == Factor(0.42, ago / 1e6, 0.6)
+    # a second one within CONFIRM pauses lowers it, from where adapt.lua and Factor.at agree
+    r.hset(key, "queue:q", f"0.42:{ago}:0.6:{round((time.time() - 2) * 1e6)}")
     factor, changed = decrease(r, settings, "queue:q", gap=1)
     assert changed and factor == pytest.approx(0.7 * HOLD_AT * 0.6, abs=1e-3)
-    again = read_factors(r, prefix)["queue:q"]
-    assert again.refused == pytest.approx(0.54, abs=1e-3)
-    # an older stored form (no refusal) still reads
-    r.hset(f"{prefix}:{{live}}:adaptive", "queue:old", "0.5:1000000000")
+    assert read_factors(r, prefix)["queue:q"].refused == pytest.approx(0.54, abs=1e-3)
+    # above the hold (probing higher), one refusal is enough
+    r.hset(key, "queue:q", f"0.42:{round((time.time() - 100) * 1e6)}:0.6")
+    assert decrease(r, settings, "queue:q", gap=1)[1]
+    # older stored forms still read
+    r.hset(key, "queue:old", "0.5:1000000000")
     assert read_factors(r, prefix)["queue:old"] == Factor(0.5, 1000.0, 0.0)
 
 

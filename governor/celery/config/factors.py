@@ -8,10 +8,13 @@ below ``governor_adaptive_floor`` (AIMD, as TCP's congestion control and AWS's a
 mode). It remembers where the upstream refused, as CUBIC does: the climb stops at
 :data:`HOLD_AT` of that factor for ``governor_adaptive_hold`` seconds before it probes higher,
 so a learned quota is kept with few refusals instead of a sawtooth that meets one every few
-seconds. The factor lives in Redis (``adapt.lua``: one decrease per overload, however many
-processes met its 429s) as its value after the last decrease, that moment and the factor the
-upstream refused, so every worker computes the same factor at any time without another write;
-workers read it with the live limits (:mod:`.live`), within about a second of a change.
+seconds. At or under that hold, a refusal lowers the rate only when another comes within
+:data:`CONFIRM` pauses: at a learned quota, a lone 429 from a call that reached the upstream's
+window edge a few ms early pauses the limit and keeps its rate. The factor lives in
+Redis (``adapt.lua``: one decrease per overload, however many processes met its 429s) as its
+value after the last decrease, that moment and the factor the upstream refused, so every worker
+computes the same factor at any time without another write; workers read it with the live
+limits (:mod:`.live`), within about a second of a change.
 
 A factor scales each rule's limit (its burst shrinks with its rate: ``10/s`` at 0.5 is
 ``5/s``, not ten at once every two seconds), in steps of 1/:data:`STEPS`. Under one unit per
@@ -29,6 +32,7 @@ from ...rules import MAX_PERIOD_US, Rule
 from ..types import LimitConfig
 
 __all__ = [
+    "CONFIRM",
     "HOLD_AT",
     "STEPS",
     "Factor",
@@ -43,6 +47,9 @@ STEPS = 100
 """Factors are rounded down to multiples of 1/STEPS (a bounded number of rule sets)."""
 HOLD_AT = 0.9
 """The climb back holds at this share of the factor the upstream refused (``adapt.lua`` too)."""
+CONFIRM = 4
+"""At or under the hold, a refusal lowers the rate when another comes within this many pauses
+(``adapt.lua``)."""
 STRETCH = ("sliding_log", "gcra")
 """Algorithms whose state stays right when a rule's period changes (stamps, arrival times)."""
 
@@ -75,13 +82,12 @@ def read_factors(client: Any, prefix: str) -> dict[str, Factor]:
     out: dict[str, Factor] = {}
     for label, raw in client.hgetall(adaptive_key(prefix)).items():
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        value, _, rest = text.partition(":")
-        since, _, refused = rest.partition(":")
+        fields = text.split(":")  # factor, since (us), refused, doubt (us); older: fewer
         try:
             out[label.decode() if isinstance(label, bytes) else str(label)] = Factor(
-                float(value), int(since) / 1e6, float(refused or 0)
+                float(fields[0]), int(fields[1]) / 1e6, float(fields[2]) if fields[2:] else 0.0
             )
-        except ValueError:
+        except (ValueError, IndexError):
             continue
     return out
 
