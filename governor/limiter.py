@@ -33,6 +33,9 @@ class Limiter(CapOps):
     call takes one round trip. ``now`` (Unix seconds) replaces Redis ``TIME`` for tests and replay.
     With a plain ``Redis`` client, decisions go over lean connections made with the client's
     settings (:mod:`governor.direct`); ``direct=False`` sends them through the client.
+    ``ceiling``: rules that ``rules`` are a share of (an adaptive limit's configured rules): the
+    state is kept under the ceiling's name, so every share reads the same counts and none
+    admits past the ceiling (see :func:`governor.algorithms.check_share`).
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class Limiter(CapOps):
         direct: bool = True,
         concurrency: int | None = None,
         lease: float = 30.0,
+        ceiling: RuleSpec | None = None,
     ) -> None:
         super().__init__(
             client,
@@ -57,6 +61,7 @@ class Limiter(CapOps):
             precision=precision,
             concurrency=concurrency,
             lease=lease,
+            ceiling=ceiling,
         )
         self.direct = direct
         self._lane_of: tuple[Any, Lane | None] = (None, None)

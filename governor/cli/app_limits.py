@@ -68,7 +68,7 @@ def _adapted(state: State, entries: list[LimitEntry]) -> list[LimitEntry]:
         if e.config is not None and e.config.adaptive and factor is not None:
             f = factor.at(time.time(), settings.adaptive_rise, settings.adaptive_hold)
             rules = scale_rules(e.config.rules, f, e.config.algorithm)
-            config = replace(e.config, rules=rules, factor=f)
+            config = replace(e.config, rules=rules, factor=f, ceiling=e.config.rules)
             e = replace(e, config=config)
         out.append(e)
     return out

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ...algorithms import STRETCH
 from ...rules import MAX_PERIOD_US, Rule
 from ..types import LimitConfig
 
@@ -38,6 +39,7 @@ __all__ = [
     "Factor",
     "adaptive_key",
     "configured",
+    "limiter_rules",
     "read_factors",
     "scale_rules",
     "scaled",
@@ -50,8 +52,6 @@ HOLD_AT = 0.9
 CONFIRM = 4
 """At or under the hold, a refusal lowers the rate when another comes within this many pauses
 (``adapt.lua``)."""
-STRETCH = ("sliding_log", "gcra")
-"""Algorithms whose state stays right when a rule's period changes (stamps, arrival times)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,21 @@ def scaled(config: LimitConfig, factor: float) -> LimitConfig:
     ``ceiling`` keeps the configured rules."""
     rules = scale_rules(config.rules, factor, config.algorithm)
     return config if rules is config.rules else replace(config, rules=rules, ceiling=config.rules)
+
+
+def limiter_rules(
+    rules: tuple[Rule, ...], ceiling: tuple[Rule, ...], algorithm: str, adaptive: bool
+) -> tuple[tuple[Rule, ...], tuple[Rule, ...] | None]:
+    """The rules a limiter runs for a limit whose rules in force are ``rules`` (a share of
+    ``ceiling``, its configured rules; empty: ``rules`` are), and the ceiling its state is named
+    after. A token bucket keeps no key for a full bucket and reads a missing key as full: full
+    for a share, read later as full for a larger one, would admit past the configured rules.
+    So an adaptive token bucket runs the configured buckets beside the share's, always (one
+    state, whatever the share): its key goes only when they are full too."""
+    top = ceiling or rules
+    if adaptive and algorithm == "token_bucket":
+        return rules + top, top + top
+    return rules, ceiling or None
 
 
 def configured(config: LimitConfig) -> LimitConfig:

@@ -15,6 +15,7 @@ call per limit, only for calls booked before a decrease; only the algorithms tha
 from __future__ import annotations
 
 from ...limiter import Limiter
+from ..config.factors import limiter_rules
 from ..config.live import LiveView
 from ..config.store import Store
 from ..types import Handed, LimitSpec, Outcome, WaitState
@@ -72,12 +73,16 @@ class Pacing:
         config = spec.config
         lim = self._pacers.get((spec.name, config))
         if lim is None or lim.client is not self.store.client:
+            rules, ceiling = limiter_rules(
+                config.rules, config.ceiling, config.algorithm, config.adaptive
+            )
             lim = Limiter(
                 self.store.client,
-                config.rules,
+                rules,
                 algorithm=config.algorithm,
                 name=spec.name,
                 prefix=f"{self.store.settings.prefix}:{PACE}",
+                ceiling=ceiling,
             )
             if len(self._pacers) > 1000:
                 self._pacers.clear()
