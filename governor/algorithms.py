@@ -11,6 +11,10 @@ name                what it guarantees                                         b
 ==================  =========================================================  ==========
 
 ``leaky_bucket`` is another name for ``gcra``.
+
+A limiter may run a *share* of a ceiling's rules under the ceiling's state (an adaptive limit:
+``Limiter(..., ceiling=...)``); :func:`check_share` says which shares keep each algorithm's
+state right, so the ceiling holds through any change of share.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from .errors import ConfigError, RuleError
 from .rules import Rule
 
-__all__ = ["ALGORITHMS", "MAX_LOG", "Algorithm", "get_algorithm"]
+__all__ = ["ALGORITHMS", "MAX_LOG", "STRETCH", "Algorithm", "check_share", "get_algorithm"]
 
 MAX_LOG = 20_000
 """The most entries a sliding log keeps per subject (one per ms in which calls were counted),
@@ -86,6 +90,41 @@ ALGORITHMS: dict[str, Algorithm] = {
     )
 }
 ALGORITHMS["leaky_bucket"] = ALGORITHMS["gcra"]
+
+
+STRETCH = ("sliding_log", "gcra")
+"""Algorithms whose state stays right under a longer period: the log's stamps, gcra's arrival
+times (the others count per period, or per bucket of it)."""
+
+
+def check_share(rules: tuple[Rule, ...], ceiling: tuple[Rule, ...], algorithm: str) -> None:
+    """Refuse ``rules`` that are not a share of ``ceiling`` the algorithm's state can follow:
+    rule by rule, at most the ceiling's limit over the same period, or (the sliding log and
+    gcra) one unit over a longer period. Then the state kept under the ceiling's name stays
+    right when the share changes, and no share ever admits past the ceiling: the counts of
+    fixed and sliding windows and the tokens of a bucket are compared to a lower limit over the
+    same period; gcra's arrival times only space calls wider (a longer interval, a burst no
+    larger); the sliding log's stamps mean the same under any rules."""
+    if len(rules) != len(ceiling):
+        raise ConfigError(
+            f"rules {_texts(rules)} are not a share of ceiling {_texts(ceiling)}: they need as "
+            "many rules"
+        )
+    for rule, top in zip(rules, ceiling):
+        same = rule.period_us == top.period_us and rule.limit <= top.limit
+        longer = algorithm in STRETCH and rule.limit == 1 and rule.period_us >= top.period_us
+        if not (same or longer):
+            allowed = "a lower limit over the same period"
+            if algorithm in STRETCH:
+                allowed += ", or one unit over a longer one"
+            raise ConfigError(
+                f"rule {rule.text!r} is not a share of ceiling rule {top.text!r} under "
+                f"{algorithm}: {allowed}"
+            )
+
+
+def _texts(rules: tuple[Rule, ...]) -> str:
+    return repr(", ".join(r.text for r in rules))
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -11,7 +11,21 @@ from .decision import Pause
 from .errors import ConfigError
 from .text import as_text
 
-__all__ = ["PAUSE_MARK", "block_call", "block_reason", "parse_pause", "pause_call", "us"]
+__all__ = [
+    "MAX_DURATION",
+    "PAUSE_MARK",
+    "block_call",
+    "block_reason",
+    "duration_us",
+    "parse_pause",
+    "pause_call",
+    "us",
+]
+
+MAX_DURATION = 3_155_760_000.0
+"""The longest block or pause (seconds): 100 years. Its end stays an exact integer of
+microseconds (below 2**53) for any clock before the year 2150; ``block.lua`` and ``pause.lua``
+cut longer ones to it too."""
 
 PAUSE_MARK = "\x1e"
 """Stored before the reason of a block that an upstream pause made (``pause.lua``), so readers
@@ -29,11 +43,23 @@ def us(value: float, what: str) -> int:
     return round(value * 1_000_000)
 
 
+def duration_us(value: float, what: str) -> int:
+    """A block's or pause's length in seconds (positive, at most :data:`MAX_DURATION`) to
+    integer microseconds."""
+    duration = us(value, what)
+    if duration < 1:
+        raise ConfigError(f"{what} must be positive, got {value!r}")
+    if value > MAX_DURATION:
+        raise ConfigError(
+            f"{what} must be at most {MAX_DURATION:.0f}s (100 years), got {value!r}: "
+            "for a block without end, block for 100 years and unblock by hand"
+        )
+    return duration
+
+
 def block_call(key: str, seconds: float, reason: str, now: float | None) -> Call:
     """``block.lua`` on the block ``key``: deny for ``seconds``, replacing any block."""
-    duration = us(seconds, "block duration")
-    if duration < 1:
-        raise ConfigError(f"block duration must be positive, got {seconds!r}")
+    duration = duration_us(seconds, "block duration")
     if not isinstance(reason, str):
         raise ConfigError(f"block reason must be a string, got {reason!r}")
     return [key], ["" if now is None else us(now, "now"), duration, reason]
@@ -53,14 +79,12 @@ def pause_call(
     characters (it may come from an upstream's answer)."""
     if not isinstance(reason, str):
         raise ConfigError(f"pause reason must be a string, got {reason!r}")
-    base_us, max_us = us(base, "backoff base"), us(max_pause, "longest pause")
-    if base_us < 1 or max_us < base_us:
+    base_us, max_us = duration_us(base, "backoff base"), duration_us(max_pause, "longest pause")
+    if max_us < base_us:
         raise ConfigError(f"backoff needs 0 < base <= max_pause, got {base!r}, {max_pause!r}")
     duration: int | str = ""
     if seconds is not None:
-        duration = us(seconds, "pause")
-        if duration < 1:
-            raise ConfigError(f"a pause must be positive, got {seconds!r}")
+        duration = duration_us(seconds, "a pause")
     at = "" if now is None else us(now, "now")
     return [key, level_key], [at, duration, PAUSE_MARK + reason[:500], base_us, max_us]
 

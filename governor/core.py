@@ -11,7 +11,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .algorithms import Algorithm, get_algorithm
+from .algorithms import Algorithm, check_share, get_algorithm
 from .blocks import block_call, block_reason, parse_pause, pause_call
 from .blocks import us as _us
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token, token_text
@@ -71,6 +71,7 @@ class LimiterBase:
         concurrency: int | None = None,
         lease: float = 30.0,
         settle_within: float = 600.0,
+        ceiling: RuleSpec | None = None,
     ) -> None:
         self.client = client
         self.name = check_name("limiter name", name)
@@ -130,15 +131,26 @@ class LimiterBase:
         self._packed = struct.pack(f"<{len(numbers)}d", *numbers)
         # State that only makes sense under these rules lives under a key named after them, so
         # a changed rule set starts afresh instead of misreading old counters. (The sliding
-        # log's stamps mean the same under any rules.)
-        # Meters add their names and which rule counts which (the sliding log's entries hold a
-        # number per meter, whatever the rules).
+        # log's stamps mean the same under any rules.) Rules that are a share of a ceiling (an
+        # adaptive limit's) are named after the ceiling: every share reads the same state, so
+        # the ceiling holds whatever the share (see algorithms.check_share). Meters add their
+        # names and which rule counts which (the sliding log's entries hold a number per meter,
+        # whatever the rules).
+        self.ceiling: tuple[Rule, ...] = self.rules
+        named = self._packed
+        if ceiling is not None:
+            if self.meters:
+                raise ConfigError("a limit with meters takes no ceiling (adaptive limits: rules)")
+            self.ceiling = parse_rules(ceiling)
+            check_share(self.rules, self.ceiling, self.algorithm.name)
+            top = [r.limit for r in self.ceiling] + [r.period_us for r in self.ceiling]
+            named = struct.pack(f"<{len(numbers)}d", *top, *numbers[len(top) :])
         self._suffix = self.algorithm.suffix
         meters = ",".join(self.meters).encode() + bytes(self._meter_of) if self.meters else b""
         if not self.rules:
             self._suffix = CAP_ONLY
         elif self.algorithm.name != "sliding_log":
-            self._suffix += hashlib.sha1(self._packed + meters).hexdigest()[:4]
+            self._suffix += hashlib.sha1(named + meters).hexdigest()[:4]
         elif self.meters:
             self._suffix += hashlib.sha1(",".join(self.meters).encode()).hexdigest()[:4]
         if self.cap is None:

@@ -40,6 +40,8 @@ __all__ = [
     "eviction",
     "persistence",
     "servers",
+    "too_old_servers",
+    "version",
     "visibility",
     "volatile_servers",
 ]
@@ -48,6 +50,8 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 CLOCK_WARN = 1.0
 """Seconds between the Redis clock and this host's above which ``clock`` warns."""
 SLOTS = 16384
+MIN_VERSION = (6, 2)
+"""The oldest Redis governor's scripts run on (``ZADD ... LT``, ``SET ... KEEPTTL``)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,38 @@ def servers(client: Any) -> list[tuple[str, redis.Redis]]:
     kwargs = pool.connection_kwargs
     where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     return [(str(where), client)]
+
+
+def version(server: str, info: Mapping[str, Any]) -> Check:
+    """Is this server (``INFO server`` as ``info``) new enough for governor's scripts?"""
+    text = as_text(info.get("redis_version", "?"))
+    parts = [int(p) if p.isdigit() else -1 for p in text.split(".")[:2]]
+    need = ".".join(map(str, MIN_VERSION))
+    if len(parts) != 2 or -1 in parts:
+        return Check(
+            "version",
+            WARN,
+            f"Redis version {text!r} unknown: governor needs {need} or later",
+            server,
+        )
+    if tuple(parts) >= MIN_VERSION:
+        return Check("version", OK, f"Redis {text}", server)
+    return Check(
+        "version",
+        FAIL,
+        f"Redis {text}: governor needs Redis {need} or later (its scripts use ZADD LT and SET "
+        "KEEPTTL); every decision would fail with a syntax error",
+        server,
+    )
+
+
+def too_old_servers(client: Any) -> list[Check]:
+    """The servers too old for governor's scripts (for the worker's start-up)."""
+    return [
+        check
+        for server, node in servers(client)
+        if (check := version(server, node.info("server"))).status == FAIL
+    ]
 
 
 def _config(client: redis.Redis, name: str) -> str | None:

@@ -42,6 +42,10 @@ class Limiter(LimiterBase):
     ...               name="openai")
     >>> d = llm.acquire("org-1", cost={"requests": 1, "tokens": 1800})  # all meters or none
     >>> llm.settle("org-1", d, {"tokens": 950})    # the unused 850 go back   # doctest: +SKIP
+
+    ``ceiling``: rules that ``rules`` are a share of (an adaptive limit's configured rules): the
+    state is kept under the ceiling's name, so every share reads the same counts and none
+    admits past the ceiling (see :func:`governor.algorithms.check_share`).
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class Limiter(LimiterBase):
         concurrency: int | None = None,
         lease: float = 30.0,
         settle_within: float = 600.0,
+        ceiling: RuleSpec | None = None,
     ) -> None:
         super().__init__(
             client,
@@ -68,6 +73,7 @@ class Limiter(LimiterBase):
             concurrency=concurrency,
             lease=lease,
             settle_within=settle_within,
+            ceiling=ceiling,
         )
         self.direct = direct
         self._lane_of: tuple[Any, Lane | None] = (None, None)

@@ -29,7 +29,12 @@ UNAVAILABLE = (
     ReadOnlyError,  # a replica after failover, before the client follows the new master
     OutOfMemoryError,  # maxmemory reached under noeviction
 )
-"""Redis errors that mean "not now": the decision could not be made, nothing was changed."""
+"""Redis errors that mean "not now": the caller got no answer. A connection refused or a send
+that failed changed nothing; a read timeout may come after Redis ran the script (the reply was
+lost; tests/core/test_lost_replies.py): what it counted stays counted, an admission or booking
+the caller never learned of, a concurrency slot held until its lease ends. So a lost reply only
+makes limits stricter for a while; nothing is sent twice (the lean lane never resends after
+sending, and redis-py does not retry a timeout by default)."""
 REFUSING = ("MISCONF", "BUSY", "NOREPLICAS", "LOADING", "MASTERDOWN", "READONLY", "OOM")
 """Error replies of a server that refuses writes for a while (prefixes)."""
 

@@ -27,7 +27,7 @@ from typing import Any
 from celery import signals as celery_signals
 
 from ..connect import close_client
-from ..deployment import volatile_servers
+from ..deployment import Check, too_old_servers, volatile_servers
 from ..errors import ConfigError
 from . import registry
 from .admission.gate import Gate
@@ -182,6 +182,7 @@ class Governor:
                     basic_auth=settings.metrics_basic_auth,
                 ),
             )
+        self._refuse_old_redis()
         self._warn_if_volatile()
         unknown = sorted(set(self.settings.tasks) - set(self.app.tasks))
         if unknown:
@@ -194,24 +195,17 @@ class Governor:
             ", ".join(f"{q}={c.text}" for q, c in self.settings.queues.items()) or "-",
         )
 
+    def _refuse_old_redis(self) -> None:
+        """A Redis too old for governor's scripts stops the worker at start-up with a clear
+        error (every decision would fail). One that is away for now fails nothing."""
+        old = self._ask_redis(too_old_servers)
+        if old:
+            raise SystemExit("governor: " + "; ".join(f"{c.server}: {c.detail}" for c in old))
+
     def _warn_if_volatile(self) -> None:
         """One WARNING when governor's Redis keeps nothing on disk and has no replica: a restart
         would lose the parked tasks. Never fails start-up (Redis may be away for now)."""
-        settings = self.settings
-        if settings.redis is None:
-            return
-        try:
-            client = settings.redis.client(
-                socket_timeout=settings.socket_timeout,
-                socket_connect_timeout=settings.socket_timeout,
-            )
-            try:
-                volatile = volatile_servers(client)
-            finally:
-                close_client(client)
-        except Exception as exc:
-            logger.debug("governor: could not check Redis persistence: %s", exc)
-            return
+        volatile = self._ask_redis(volatile_servers)
         if volatile:
             logger.warning(
                 "governor: Redis %s keeps nothing on disk (no AOF, no RDB save points) and has no "
@@ -219,6 +213,24 @@ class Governor:
                 "restarts; see `governor doctor`",
                 ", ".join(check.server for check in volatile),
             )
+
+    def _ask_redis(self, check: Callable[[Any], list[Check]]) -> list[Check]:
+        """The failed checks of governor's Redis at start-up; none when it cannot be asked."""
+        settings = self.settings
+        if settings.redis is None:
+            return []
+        try:
+            client = settings.redis.client(
+                socket_timeout=settings.socket_timeout,
+                socket_connect_timeout=settings.socket_timeout,
+            )
+            try:
+                return check(client)
+            finally:
+                close_client(client)
+        except Exception as exc:
+            logger.debug("governor: could not check Redis: %s", exc)
+            return []
 
     def _release_leases(self, **_: Any) -> None:
         """Give back the admissions this process leased and did not use, and the concurrency

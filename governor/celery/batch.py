@@ -87,6 +87,8 @@ def _submit(sig: Signature, start_in: float) -> tuple[AsyncResult, float | None]
         # tenants): the call waits in its fair queue, placed by its tenant (see .fairness)
         return sig.apply_async(queue=queue), None
     cost = calls.cost(task, args, kwargs)
+    if cost == 0:  # it costs nothing: nothing to book (see admission.calls.units)
+        return sig.apply_async(queue=queue), None
     limiters = decider.limiters(specs)
     if not all(lim.books for lim, _ in limiters):
         raise ConfigError(

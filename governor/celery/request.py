@@ -19,6 +19,7 @@ from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.utils.imports import symbol_by_name
 
 from . import registry
+from .config.settings import mark_life
 from .patches import skip_pool, wrap_ack, wrap_request_subclass
 from .waiting import redelivery
 
@@ -69,7 +70,11 @@ class GovernedRequestMixin:
         info: Any = getattr(self, "_request_dict", None) or {}
         retries, waits = int(info.get("retries") or 0), redelivery.waits_of(info)
         try:
-            redelivery.mark(governor.gate.client, governor.settings.prefix, self.id, retries, waits)
+            conf = self.task.app.conf
+            life = mark_life(conf.get("broker_url"), conf.get("broker_transport_options"))
+            redelivery.mark(
+                governor.gate.client, governor.settings.prefix, self.id, retries, waits, life
+            )
         except Exception as exc:
             logger.error("governor: %s not acknowledged, nor marked: %r", self.id, exc)
 

@@ -69,6 +69,9 @@ class LimitConfig:
     weights: Any = ()
     """Tenants' weights (default 1): sorted (tenant, weight) pairs, or a callable
     ``weight(tenant) -> number`` (its errors and out-of-range answers count as 1, logged)."""
+    ceiling: tuple[Rule, ...] = ()
+    """An adaptive limit scaled by its factor: the configured rules, which ``rules`` are a
+    share of (empty: ``rules`` are the configured ones)."""
 
     def weight(self, tenant: str) -> float:
         if callable(self.weights):
@@ -182,6 +185,9 @@ class WaitState:
     """Server time of the first deferral."""
     slots: dict[str, list[int]] | None = None
     """Bookings by state key: [start_us, end_us]."""
+    booked: float | None = None
+    """Server time the bookings were made (an adaptive limit paces those made before its
+    rate went down: see ``decisions.pacing``)."""
     outages: int = 0
     parked: str | None = None
     """The parking id a released message carries until a consumer claims it."""
@@ -206,6 +212,7 @@ class WaitState:
             waits=int(raw.get("waits") or 0),
             since=raw.get("since"),
             slots=dict(slots) if isinstance(slots, Mapping) else None,
+            booked=raw.get("booked"),
             outages=int(raw.get("outages") or 0),
             parked=raw.get("parked"),
             release=raw.get("release"),
@@ -219,6 +226,7 @@ class WaitState:
             "waits": self.waits,
             "since": self.since,
             "slots": self.slots,
+            "booked": self.booked,
             "outages": self.outages,
             "parked": self.parked,
             "release": self.release,

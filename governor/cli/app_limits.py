@@ -60,14 +60,15 @@ def _adapted(state: State, entries: list[LimitEntry]) -> list[LimitEntry]:
     """Adaptive limits as workers see them now: their rules scaled by their factor."""
     from ..celery.config.factors import read_factors, scale_rules
 
-    rise = settings_of(state.app).adaptive_rise
+    settings = settings_of(state.app)
     factors = read_factors(state.client, state.prefix)
     out = []
     for e in entries:
         factor = factors.get(e.label)
         if e.config is not None and e.config.adaptive and factor is not None:
-            f = factor.at(time.time(), rise)
-            config = replace(e.config, rules=scale_rules(e.config.rules, f), factor=f)
+            f = factor.at(time.time(), settings.adaptive_rise, settings.adaptive_hold)
+            rules = scale_rules(e.config.rules, f, e.config.algorithm)
+            config = replace(e.config, rules=rules, factor=f, ceiling=e.config.rules)
             e = replace(e, config=config)
         out.append(e)
     return out

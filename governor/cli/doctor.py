@@ -9,7 +9,8 @@
     ok    clock        Redis clock +0.002s from this host's (round trip 0.4 ms)
     $ governor -A proj doctor --json        # adds the broker's visibility timeout check
 
-Checks (see :mod:`governor.deployment` for why each matters): persistence (parked tasks and
+Checks (see :mod:`governor.deployment` for why each matters): version (6.2 or later; a line
+only when it fails), persistence (parked tasks and
 caps' waiters survive a restart), eviction (``maxmemory-policy``), clock, cluster coverage (a
 cluster: every slot served), and with an app the broker's ``visibility_timeout`` against
 ``governor_park_after``. Exit status 1 when a check FAILs (warnings do not), 3 when Redis is
@@ -32,6 +33,7 @@ from ..deployment import (
     eviction,
     persistence,
     servers,
+    version,
     visibility,
 )
 from .common import EXIT_FAILED, State, echo_json, mask_url, pass_state
@@ -63,6 +65,9 @@ def run_checks(state: State) -> list[Check]:
     """Every check that applies to the state's Redis (and app)."""
     checks = [_connection(state)]
     nodes = servers(state.client)
+    # the version shows in the first line; a line of its own only when it is not good
+    versions = [version(server, node.info("server")) for server, node in nodes]
+    checks += [check for check in versions if check.status != OK]
     checks += [persistence(server, node) for server, node in nodes]
     checks += [eviction(server, node) for server, node in nodes]
     checks += [clock(server, node) for server, node in nodes]
@@ -96,7 +101,8 @@ def _json(check: Check) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @pass_state
 def doctor(state: State, as_json: bool) -> None:
-    """Check the deployment: persistence, eviction, clock, cluster slots, visibility timeout.
+    """Check the deployment: version, persistence, eviction, clock, cluster slots, visibility
+    timeout.
 
     One line per check (ok / warn / FAIL); exit status 1 when a check FAILs.
     """

@@ -35,6 +35,9 @@ class Config:
     adaptive: bool = False
     factor: float = 1.0
     """An adaptive limit's factor now: ``rules`` are already scaled by it."""
+    ceiling: tuple[Rule, ...] = ()
+    """An adaptive limit's configured rules, when ``rules`` are scaled (its state is named
+    after them)."""
     fair: bool = False
     """Shared fairly between tenants (``fair_by``): calls wait in a fair queue."""
     weight: Any = field(default=None, compare=False)
@@ -73,7 +76,14 @@ class LimitEntry:
 
     def limiter(self, state: State, algorithm: str | None = None) -> Limiter:
         rules = self.config.rules if self.config else _ANY_RULE
+        ceiling: tuple[Rule, ...] | None = None
         algo = algorithm or (self.config.algorithm if self.config else "sliding_log")
+        if self.config and self.config.adaptive and algo == self.config.algorithm:
+            from ..celery.config.factors import limiter_rules  # as workers run it
+
+            rules, ceiling = limiter_rules(rules, self.config.ceiling, algo, True)
+        elif self.config and self.config.ceiling:
+            rules = self.config.ceiling  # another algorithm's keys: as configured
         cap = self.config.concurrency if self.config else None
         return Limiter(
             state.client,
@@ -83,6 +93,7 @@ class LimitEntry:
             prefix=state.prefix,
             concurrency=cap,
             lease=self.config.lease if self.config else 30.0,
+            ceiling=ceiling,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -29,10 +29,10 @@ def test_a_factor_scales_rules_in_steps() -> None:
     config = limit_config({"rules": "100/s, 10/m", "adaptive": True}, "sliding_log", "x")
     assert scaled(config, 1.0) is config and scaled(config, 0.999) is not config
     half = scaled(config, 0.5)
-    assert half.rules == (Rule(50, 1.0), Rule(10, 120.0))  # 5/m is too few units: stretched
-    assert half.adaptive and half.algorithm == "sliding_log"
-    assert scaled(config, 0.52).rules == half.rules  # rounded down to a step of 1/20
-    assert scaled(config, 0.0).rules == (Rule(100, 20.0), Rule(10, 1200.0))  # the floor step
+    assert half.rules == (Rule(50, 1.0), Rule(5, 60.0))  # the count scales: the burst too
+    assert half.adaptive and half.algorithm == "sliding_log" and half.ceiling == config.rules
+    assert scaled(config, 0.505).rules == half.rules  # rounded down to a step of 1/100
+    assert scaled(config, 0.0).rules == (Rule(1, 1.0), Rule(1, 600.0))  # the floor step
 
 
 def test_a_factor_climbs_back_with_time() -> None:

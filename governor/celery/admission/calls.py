@@ -7,10 +7,12 @@ depend on the arguments (a task's options, the limits of each task and route). A
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from ...errors import ConfigError
 from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.task_limits import (
@@ -24,11 +26,31 @@ from ..config.task_limits import (
 from ..fair.tenants import tenant_of
 from ..types import Call, LimitSpec, TaskOptions, WaitState
 
-__all__ = ["Calls"]
+__all__ = ["MAX_COST", "Calls", "units"]
 
 ROUTES = 10_000
 """Routes (task, routing key, exchange, queue) whose limits a process remembers; routing keys
 are open-ended (topic exchanges), so past that it starts afresh."""
+MAX_COST = 2**53
+"""The largest cost a callable may give (units stay exact integers in Redis's numbers)."""
+
+
+def units(task: Any, value: Any) -> int:
+    """A cost callable's answer as units: a fraction rounds up (a call is never counted as
+    less than it costs); 0 counts under no limit (the call runs at once, holding no slot: an
+    empty batch costs nothing). Anything else (negative, not a number, too large) is a
+    ConfigError naming the task, which fails the call."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"task {task.name!r}: governor_cost returned {value!r}; it must give a number of "
+            "units, 0 or more"
+        )
+    if not (0 <= value <= MAX_COST):  # also NaN
+        raise ConfigError(
+            f"task {task.name!r}: governor_cost returned {value!r}; it must give a number of "
+            f"units from 0 to {MAX_COST}"
+        )
+    return math.ceil(value)
 
 
 class Calls:
@@ -103,13 +125,18 @@ class Calls:
         )
 
     def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+        """The units a call counts: the task's ``governor_cost``, or what its callable gives
+        for these arguments (see :func:`units`)."""
         cost = self.options(task).cost
-        return int(call_with_arguments(task, cost, args, kwargs)) if callable(cost) else cost
+        return (
+            units(task, call_with_arguments(task, cost, args, kwargs)) if callable(cost) else cost
+        )
 
     def call(
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Call:
-        """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
+        """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it, and
+        nothing governs a call that costs nothing)."""
         every = self.specs(task, request, args, kwargs)
         if any(s.config.fair_by is not None for s in every):
             every = [
@@ -124,6 +151,8 @@ class Calls:
         specs = [s for s in every if not s.config.shadow]
         shadows = [s for s in every if s.config.shadow]
         cost = self.cost(task, args, kwargs) if every else 0
+        if cost == 0:  # it costs nothing: no limit counts it, it runs at once
+            specs = shadows = []
         state = WaitState.from_request(request)
         return Call(task, request, args, kwargs, specs, cost, state, shadows)
 

@@ -85,7 +85,7 @@ class Gate:
         self.live = LiveView(lambda: self.store.client, settings)
         self.calls = Calls(app, settings, self.live)
         self.handover = Handover(app, self.store, settings)
-        self.decider = Decider(settings, self.store, self.handover.publish)
+        self.decider = Decider(settings, self.store, self.handover.publish, self.live)
         self.republisher = Republisher(app, settings, self.store, self.handover)
         self.cap_line = CapLine(settings, self.store, self.republisher)
         self.holding = Holding(self.calls, self.store, self.handover)
@@ -276,6 +276,7 @@ class Gate:
             request.headers[HEADER] = {
                 **state.header(),
                 "slots": None,
+                "booked": None,
                 "since": None,
                 "woken": None,
             }

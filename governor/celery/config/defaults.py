@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...blocks import MAX_DURATION
 from ...errors import ConfigError
 
 __all__ = ["LIMIT_KEYS", "SETTINGS", "TASK_OPTIONS", "Setting", "markdown"]
@@ -54,8 +55,8 @@ class Setting:
 # -- checks ---------------------------------------------------------------------------------
 
 
-def seconds_at_least(minimum: float = 0.0) -> Validator:
-    """A number of seconds, at least ``minimum``."""
+def seconds_at_least(minimum: float = 0.0, most: float = math.inf) -> Validator:
+    """A number of seconds, at least ``minimum`` (and at most ``most``)."""
 
     def check(value: Any, name: str) -> float:
         if (
@@ -66,6 +67,8 @@ def seconds_at_least(minimum: float = 0.0) -> Validator:
             raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
         if value < minimum:
             raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
+        if value > most:
+            raise ConfigError(f"{name} must be at most {most:.0f}, got {value!r}")
         return float(value)
 
     return check
@@ -288,20 +291,20 @@ SETTINGS: tuple[Setting, ...] = (
         1.0,
         "a `Backoff` that names no time pauses its limit this long, doubling with each one in "
         "a row (seconds)",
-        seconds_at_least(0.01),
+        seconds_at_least(0.01, MAX_DURATION),
     ),
     Setting(
         "governor_backoff_max",
         300.0,
         "the longest such pause, at least `governor_backoff_base` (seconds)",
-        seconds_at_least(0.01),
+        seconds_at_least(0.01, MAX_DURATION),
     ),
     Setting(
         "governor_max_pause",
         3600.0,
         "the longest pause an upstream's headers may ask for; longer ones are cut to it with a "
         "warning (seconds)",
-        seconds_at_least(1.0),
+        seconds_at_least(1.0, MAX_DURATION),
     ),
     Setting(
         "governor_adaptive_decrease",
@@ -329,6 +332,13 @@ SETTINGS: tuple[Setting, ...] = (
         'None or empty); `"override"` wins over `fair_by` (trusted producers); `"ignore"`: '
         "never read (see [fairness and tenants](fairness-tenants.md))",
         choice("fallback", "override", "ignore"),
+    ),
+    Setting(
+        "governor_adaptive_hold",
+        60.0,
+        "climbing back, it stays this long at 90% of the rate the upstream refused before it "
+        "probes higher (seconds; 0: no hold)",
+        seconds_at_least(0.0, 86_400.0),
     ),
     Setting(
         "governor_metrics_port",
@@ -404,7 +414,8 @@ TASK_OPTIONS: tuple[Setting, ...] = (
     Setting(
         "governor_cost",
         1,
-        "units a call costs: an int, or a callable like `governor_key`; caps count calls",
+        "units a call costs: an int, or a callable like `governor_key` (a fraction rounds "
+        "up; 0 runs at once, counted by no limit); caps count calls",
     ),
     Setting(
         "governor_max_wait",

@@ -138,7 +138,9 @@ class LiveView:
             config = configs.get(spec.label, spec.config)
             factor = factors.get(spec.label) if config.adaptive else None
             if factor is not None:
-                config = scaled(config, factor.at(time.time(), self.settings.adaptive_rise))
+                settings = self.settings
+                now = factor.at(time.time(), settings.adaptive_rise, settings.adaptive_hold)
+                config = scaled(config, now)
             out.append(spec if config is spec.config else replace(spec, config=config))
         return out
 

@@ -23,10 +23,14 @@ from .defaults import BY_NAME, SETTINGS, seconds_at_least
 from .limit_config import limit_config
 from .redis_options import redis_target
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "load_settings", "mark_life", "visibility_timeout"]
 
 logger = logging.getLogger("governor.celery")
 
+MARK_LIFE = 86_400.0
+"""The shortest life of a failed acknowledgement's mark (seconds)."""
+REDIS_SCHEMES = ("redis", "rediss", "sentinel", "socket", "unix")
+"""Broker URL schemes of kombu's Redis transport."""
 LEAD = 0.2
 """A booked task is sent to arrive this long (seconds, at most ``early_sleep``) before its slot.
 
@@ -73,6 +77,7 @@ class Settings:
     adaptive_decrease: float = 0.7
     adaptive_rise: float = 0.02
     adaptive_floor: float = 0.05
+    adaptive_hold: float = 60.0
 
     @property
     def lead(self) -> float:
@@ -150,6 +155,28 @@ def _load(conf: Any) -> Settings:
     values["park_after"] = _park_after(get, values["release_interval"])
     _check_together(values, bool(get("governor_park_replicas")))
     return Settings(**values)
+
+
+def visibility_timeout(broker_url: Any, transport_options: Any) -> float | None:
+    """Seconds after which the broker delivers an unacknowledged message again: the transport
+    option ``visibility_timeout`` (Redis, SQS), else the Redis transport's default of an hour;
+    None for brokers that redeliver when the connection closes (AMQP)."""
+    options = transport_options if isinstance(transport_options, Mapping) else {}
+    raw = options.get("visibility_timeout")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 0:
+        return float(raw)
+    url = broker_url if isinstance(broker_url, str) else ""
+    scheme = url.split("://", 1)[0].split("+", 1)[0]
+    return 3600.0 if scheme in REDIS_SCHEMES else None
+
+
+def mark_life(broker_url: Any, transport_options: Any) -> float:
+    """How long a failed acknowledgement's mark lives (:mod:`..waiting.redelivery`): a day, or
+    longer than two visibility timeouts (the redelivery comes one timeout after the delivery,
+    plus the transport's restore sweep; a dropped redelivery whose acknowledgement fails too
+    comes back once more) with an hour to spare."""
+    timeout = visibility_timeout(broker_url, transport_options)
+    return max(MARK_LIFE, 2 * timeout + 3600.0) if timeout is not None else MARK_LIFE
 
 
 def _park_after(get: Callable[..., Any], release_interval: float) -> float | None:

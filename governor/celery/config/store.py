@@ -13,6 +13,7 @@ import redis
 
 from ...limiter import Limiter
 from ..types import LimitConfig
+from .factors import limiter_rules
 from .settings import Settings
 
 __all__ = ["Store"]
@@ -40,14 +41,19 @@ class Store:
     def limiter(self, name: str, config: LimitConfig) -> Limiter:
         lim = self._limiters.get((name, config))
         if lim is None or lim.client is not self.client:
+            # an adaptive limit's share runs on the state of its configured rules
+            rules, ceiling = limiter_rules(
+                config.rules, config.ceiling, config.algorithm, config.adaptive
+            )
             lim = Limiter(
                 self.client,
-                config.rules or None,
+                rules or None,
                 algorithm=config.algorithm,
                 name=name,
                 prefix=self.settings.prefix,
                 concurrency=config.concurrency,
                 lease=config.lease,
+                ceiling=ceiling,
             )
             self._limiters[(name, config)] = lim
         return lim

@@ -1,6 +1,7 @@
 """One answer for a call under its limits: start on its bookings, take from a lease, or ask.
 
-A call that carries bookings claims them (:func:`~.decide.claim_all`); in a pool process, a
+A call that carries bookings claims them (:func:`~.decide.claim_all`; one booked before an
+adaptive limit's rate went down is paced at the rate now, :mod:`.pacing`); in a pool process, a
 call without bookings may be admitted from a lease (:mod:`.leases`); otherwise every limit is
 asked at once (:func:`~.decide.reserve_all`, or :func:`~.decide.acquire_all` for algorithms
 that cannot book).
@@ -12,10 +13,12 @@ import time
 from collections.abc import Callable
 
 from ...limiter import Limiter
+from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
 from ..types import Handed, Held, LimitSpec, Outcome, WaitState, Who
 from .leases import AdmissionLeases
+from .pacing import Pacing
 from .rounds import acquire_all, claim_all, refund, reserve_all
 
 __all__ = ["Decider", "too_long", "waited_so_far"]
@@ -28,11 +31,19 @@ class Decider:
     """Decisions of one process (the gate's, and early deferral's). ``publish`` sends the
     messages of waiting tasks that a decision or a refund handed a concurrency slot to."""
 
-    def __init__(self, settings: Settings, store: Store, publish: Publish | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        publish: Publish | None = None,
+        live: LiveView | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.leases = AdmissionLeases(settings.lease_span)
         self.publish: Publish = publish or (lambda handed: None)
+        self.pacing = Pacing(store, live) if live is not None else None
+        """Stale bookings of adaptive limits (:mod:`.pacing`); None without live limits."""
 
     def limiters(self, specs: list[LimitSpec]) -> list[tuple[Limiter, LimitSpec]]:
         return [(self.store.limiter(s.name, s.config), s) for s in specs]
@@ -81,6 +92,8 @@ class Decider:
                 who,
                 handed,
             )
+            if outcome is not None and outcome.allowed and self.pacing is not None:
+                outcome = self.pacing.pace(limiters, cost, state, outcome, handed)
             if outcome is not None or fair:
                 return outcome or acquire_all(limiters, cost, who, handed)
         elif lease and not any(lim.cap for lim, _ in limiters):

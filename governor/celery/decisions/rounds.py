@@ -80,7 +80,7 @@ def claim_all(
 ) -> Outcome | None:
     """Start on the bookings a task carries. None: they are gone (a fresh reserve follows).
     A full concurrency cap denies: every booking goes back (the capped limit's own in its
-    call), and the call waits for a slot."""
+    call, those of the limits after it unclaimed), and the call waits for a slot."""
     keys = [lim.keys(spec.subject)[0] for lim, spec in limiters]
     if set(keys) != set(slots):
         logger.debug("governor: bookings for %s, but limits %s", sorted(slots), keys)
@@ -90,7 +90,7 @@ def claim_all(
     handed = [] if handed is None else handed
     for _attempt in range(4):
         held: Held = []
-        for (lim, spec), key in zip(limiters, keys):
+        for i, ((lim, spec), key) in enumerate(zip(limiters, keys)):
             slot = Slot(*slots[key])
             holder, token, info = _ids(who)
             d = lim.claim(
@@ -100,6 +100,10 @@ def claim_all(
             held.append((lim, spec, d))
             if d.capped is not None:
                 handed += refund(held[:-1], cost)
+                for later, later_spec in limiters[i + 1 :]:  # not claimed: still booked
+                    handed += later.refund(
+                        later_spec.subject, Slot(*slots[later.keys(later_spec.subject)[0]]), cost
+                    )
                 return Outcome(False, delay=d.retry_after, now=d.now, spec=spec, decision=d)
         if all(d.allowed for _, _, d in held):
             return Outcome(True, held=held)

@@ -24,6 +24,7 @@ def decrease(client: Any, settings: Settings, label: str, gap: float) -> tuple[f
         settings.adaptive_rise,
         settings.adaptive_floor,
         round(max(1.0, gap) * 1e6),
+        settings.adaptive_hold,
     ]
     factor, changed, _ = run_script(
         client, package_script("governor.celery.feedback", "adapt"), keys, args

@@ -30,9 +30,11 @@ class Backoff(Exception):
     """Raise it from a governed task's body when the upstream answered "too many requests".
 
     ``retry_after``: seconds to pause (None: a capped exponential pause per limit and subject,
-    ``governor_backoff_base`` doubling up to ``governor_backoff_max``). ``limit``: which limit
-    of the call to pause: ``"key"``, ``"task"``, ``"queue"``, ``"all"``, or a label as logs
-    show it (``"queue:emails"``); default, the most specific one (key, else task, else queue).
+    ``governor_backoff_base`` doubling up to ``governor_backoff_max``; so does 0, which an
+    upstream sends as ``Retry-After: 0`` or as a reset already past on this host's clock).
+    ``limit``: which limit of the call to pause: ``"key"``, ``"task"``, ``"queue"``, ``"all"``,
+    or a label as logs show it (``"queue:emails"``); default, the most specific one (key, else
+    task, else queue).
     """
 
     def __init__(

@@ -15,9 +15,11 @@ to run again behind the pause.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ...errors import StorageUnavailable
 from .. import signals
+from ..config.factors import configured
 from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
@@ -30,6 +32,8 @@ from .backoff import LIMIT_KINDS, Backoff
 __all__ = ["Pausing", "paused_specs"]
 
 logger = logging.getLogger("governor.celery")
+MIN_PAUSE = 0.001
+"""A Backoff asking for less (seconds) pauses as one without a wait does."""
 
 
 def paused_specs(specs: list[LimitSpec], limit: str | None) -> list[LimitSpec]:
@@ -76,6 +80,11 @@ class Pausing:
         """Pause, book behind the pause, re-publish; the Deferred is for the caller to raise."""
         settings = self.settings
         wait = exc.retry_after
+        if wait is not None and wait < MIN_PAUSE:
+            # "now" (Retry-After: 0), or a moment already past on this host's clock (a skewed
+            # HTTP-date or reset): no usable length, yet the upstream refused. The capped
+            # exponential pause, which grows if the answer repeats (never a loop at full speed)
+            wait = None
         if wait is not None and wait > settings.max_pause:
             logger.warning(
                 "governor: %s asked for a %.0fs pause; pausing %.0fs (governor_max_pause)",
@@ -138,7 +147,7 @@ class Pausing:
         if not specs:  # nothing governs the call: it only waits, as asked
             delay = settings.backoff_base if wait is None else wait
             return self.republisher.republish(call, Outcome(False, delay=delay), label)
-        limiters = self.decider.limiters(call.specs)
+        limiters = self.decider.limiters(self._now(call.specs))
         if all(lim.books and lim.cap is None for lim, _ in limiters):
             start = max(until, (now or until) + 0.001)  # a booking, never an admission now
             outcome = self.decider.reserve_all(limiters, call.cost, not_before=start)
@@ -146,6 +155,13 @@ class Pausing:
             outcome = Outcome(False, delay=max(0.0, until - (now or until)), now=now)
         call.state.slots = None  # bookings it held were used by the run that got the answer
         return self.republisher.republish(call, outcome, label)
+
+    def _now(self, specs: list[LimitSpec]) -> list[LimitSpec]:
+        """The call's limits at their rates now: an adaptive one just lowered books the task
+        behind the pause at its new rate, not at the one its 429 came under."""
+        if self.live is None or not any(s.config.adaptive for s in specs):
+            return specs
+        return self.live.apply([replace(s, config=configured(s.config)) for s in specs])
 
     def _adapt(self, call: Call, spec: LimitSpec, pause: float) -> None:
         """An adaptive limit: lower its rate (once per overload; see :mod:`.adaptive`)."""

@@ -12,7 +12,12 @@ when an acknowledgement fails, and read only for messages the broker flags as re
 A message is known by its task id, its ``retries`` and its governance ``waits``: each copy of a
 task (a deferral, a retry) differs in one of them, and a redelivery has them all the same::
 
-    <prefix>:acked:<task id>:<retries>:<waits>    STRING, 1 day
+    <prefix>:acked:<task id>:<retries>:<waits>    STRING, a day, or two visibility timeouts
+                                                  and an hour when that is longer
+
+A mark must outlive the redelivery: the Redis transport delivers the message again a
+``visibility_timeout`` after it delivered it (plus its restore sweep), and long countdowns are
+why people raise that timeout past a day (:func:`..config.settings.mark_life`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from ..types import HEADER
 __all__ = ["mark", "settled", "waits_of"]
 
 logger = logging.getLogger("governor.celery")
-MARK_TTL_MS = 86_400_000
 
 
 def _key(prefix: str, task_id: str, retries: int, waits: int) -> str:
@@ -43,10 +47,13 @@ def waits_of(headers: Mapping[str, Any] | None) -> int:
     return int(carried.get("waits") or 0) if isinstance(carried, Mapping) else 0
 
 
-def mark(client: redis.Redis, prefix: str, task_id: str, retries: int, waits: int) -> None:
-    """The acknowledgement of this message failed: a redelivery of it is dropped."""
+def mark(
+    client: redis.Redis, prefix: str, task_id: str, retries: int, waits: int, life: float
+) -> None:
+    """The acknowledgement of this message failed: a redelivery of it within ``life`` seconds
+    is dropped."""
     try:
-        client.set(_key(prefix, task_id, retries, waits), 1, px=MARK_TTL_MS)
+        client.set(_key(prefix, task_id, retries, waits), 1, px=max(1, round(life * 1000)))
     except (RedisError, RedisClusterException) as exc:
         raise StorageUnavailable(f"Redis did not answer for an unacknowledged task: {exc}") from exc
 

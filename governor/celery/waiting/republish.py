@@ -61,6 +61,7 @@ class Republisher:
         if state.since is None:
             state.since = outcome.now or time.time()
         state.slots = outcome.slots
+        state.booked = (outcome.now or time.time()) if outcome.slots else None
         state.waits += 1
         delay = max(0.0, outcome.delay - (time.monotonic() - outcome.at))
         park = self.settings.park_after is not None and delay > self.settings.park_after
