@@ -322,6 +322,19 @@ SETTINGS: tuple[Setting, ...] = (
         fraction,
     ),
     Setting(
+        "governor_settle_within",
+        600.0,
+        "seconds after its admission during which a task may `settle` what it reserved under "
+        "limits with meters; later, the estimate stands (see docs/token-quotas.md)",
+        seconds_at_least(1.0),
+    ),
+    Setting(
+        "governor_learned_percentile",
+        0.95,
+        "a `learned(...)` estimate reserves this percentile of the last 200 uses a task settled",
+        fraction,
+    ),
+    Setting(
         "governor_metrics_port",
         None,
         "serve Prometheus metrics on this port from every worker (None: off)",
@@ -395,7 +408,9 @@ TASK_OPTIONS: tuple[Setting, ...] = (
     Setting(
         "governor_cost",
         1,
-        "units a call costs: an int, or a callable like `governor_key`; caps count calls",
+        "units a call costs: an int, or a callable like `governor_key`; under limits with "
+        'meters, units per meter (`{"requests": 1, "tokens": 1800}`, a value may be '
+        "`learned(default)`); caps count calls",
     ),
     Setting(
         "governor_max_wait",
@@ -416,7 +431,12 @@ TASK_OPTIONS: tuple[Setting, ...] = (
 """Every ``governor_*`` attribute of a task (``Governor.task()`` takes the same)."""
 
 LIMIT_KEYS: tuple[Setting, ...] = (
-    Setting("rules", None, 'the rules: `"10/s, 800/d"` or a list of them'),
+    Setting(
+        "rules",
+        None,
+        'the rules: `"10/s, 800/d"` or a list of them; or rules per meter, decided together: '
+        '`{"requests": "500/m", "tokens": "30000/m"}`',
+    ),
     Setting("algorithm", None, "the algorithm of these rules (default: `governor_algorithm`)"),
     Setting("concurrency", None, "at most this many calls at once (with or without rules)"),
     Setting("shadow", False, "count and log what the rules would deny, but deny nothing"),

@@ -42,12 +42,13 @@ class Store:
         if lim is None or lim.client is not self.client:
             lim = Limiter(
                 self.client,
-                config.rules or None,
+                config.rule_spec,
                 algorithm=config.algorithm,
                 name=name,
                 prefix=self.settings.prefix,
                 concurrency=config.concurrency,
                 lease=config.lease,
+                settle_within=self.settings.settle_within,
             )
             self._limiters[(name, config)] = lim
         return lim
