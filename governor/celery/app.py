@@ -231,9 +231,11 @@ class Governor:
                 logger.warning("governor: could not give back leased admissions: %s", exc)
 
     def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
-        """A task's body ended (in the process that ran it): its concurrency slots go back."""
+        """A task's body ended (in the process that ran it): its concurrency slots go back, and
+        its reservation under meters is forgotten (counted as unsettled if it never settled)."""
         if self._gate is not None and getattr(sender, "app", None) is self.app:
             self._gate.holding.release(sender, task_id)
+            self._gate.reservations.done(task_id)
 
     def _is_mine(self, sender: Any) -> bool:
         return getattr(sender, "app", None) is self.app

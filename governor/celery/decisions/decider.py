@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ...costs import Cost
 from ...limiter import Limiter
 from ..config.settings import Settings
 from ..config.store import Store
@@ -40,7 +41,7 @@ class Decider:
     def decide(
         self,
         specs: list[LimitSpec],
-        cost: int,
+        cost: Cost,
         state: WaitState,
         *,
         lease: bool = False,
@@ -59,7 +60,7 @@ class Decider:
     def _decide(
         self,
         limiters: list[tuple[Limiter, LimitSpec]],
-        cost: int,
+        cost: Cost,
         state: WaitState,
         lease: bool,
         who: Who | None,
@@ -83,7 +84,7 @@ class Decider:
             )
             if outcome is not None or fair:
                 return outcome or acquire_all(limiters, cost, who, handed)
-        elif lease and not any(lim.cap for lim, _ in limiters):
+        elif lease and type(cost) is int and not any(lim.cap for lim, _ in limiters):
             outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
             if outcome is not None:
                 return outcome
@@ -95,13 +96,13 @@ class Decider:
     def reserve_all(
         self,
         limiters: list[tuple[Limiter, LimitSpec]],
-        cost: int,
+        cost: Cost,
         not_before: float | None = None,
     ) -> Outcome:
         """A booking for a batch (no concurrency slot is ever taken by a booking)."""
         return reserve_all(limiters, cost, self.settings.late_tolerance, not_before)
 
-    def refund(self, held: Held, cost: int) -> None:
+    def refund(self, held: Held, cost: Cost) -> None:
         """Give back what a decision took, and publish whom freed slots went to."""
         handed = refund(held, cost)
         if handed:
