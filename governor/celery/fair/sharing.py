@@ -29,6 +29,7 @@ from dataclasses import replace
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
+from ..metering.costs import fair_step
 from ..types import Call, Deferred, LimitSpec, Outcome
 from ..waiting.republish import Republisher
 from .queue import FairQueue, fair_due_key
@@ -112,7 +113,7 @@ class FairSharing:
         queue = self.queue(spec)
         tenant = spec.tenant or ""
         text, waiting_state = self.republisher.message(call, spec.label)
-        step = call.cost / spec.config.weight(tenant)
+        step = fair_step(spec.config, call.cost) / spec.config.weight(tenant)
         client.zadd(fair_due_key(self.settings.prefix), {queue.describe(): time.time()})
         member = f"{call.request.id}:{secrets.token_hex(4)}"
         tag, waiting = queue.put(client, member, tenant, step, call.state.tag, text)
