@@ -67,9 +67,13 @@ class Decider:
         handed: Handed,
     ) -> Outcome:
         fair = any(spec.config.fair_by is not None for _, spec in limiters)
-        if (fair and not state.slots) or not all(lim.books for lim, _ in limiters):
+        per_meter = type(cost) is not int
+        if ((fair or per_meter) and not state.slots) or not all(lim.books for lim, _ in limiters):
             # a fair limit books nothing ahead: its waiting calls queue by tag (.fairness),
-            # and its dispatcher books the few it sends on (they claim it below)
+            # and its dispatcher books the few it sends on (they claim it below). A cost per
+            # meter is an estimate that settling corrects: a booking far ahead would keep its
+            # place at the estimate; such a call asks again when the meters will have room
+            # (it claims only the booking a Backoff made for it behind the pause)
             return acquire_all(limiters, cost, who, handed)
         if state.slots:
             settings = self.settings
@@ -82,7 +86,7 @@ class Decider:
                 who,
                 handed,
             )
-            if outcome is not None or fair:
+            if outcome is not None or fair or per_meter:
                 return outcome or acquire_all(limiters, cost, who, handed)
         elif lease and type(cost) is int and not any(lim.cap for lim, _ in limiters):
             outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
