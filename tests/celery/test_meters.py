@@ -77,9 +77,7 @@ def test_meters_outside_rules_and_adaptive_meters_are_refused(redis_server: Serv
         redis_server.url(), governor_queues={"q": {"rules": METERS, "adaptive": True}}
     )
     assert "adaptive" in text
-    text = config_error(
-        redis_server.url(), governor_queues={"q": {"rules": {"tok ens": "5/s"}}}
-    )
+    text = config_error(redis_server.url(), governor_queues={"q": {"rules": {"tok ens": "5/s"}}})
     assert "meter name" in text
 
 
@@ -326,8 +324,8 @@ def test_a_backoff_gives_the_reservation_back_and_syncs_its_headers(
 @pytest.mark.parametrize("cost", [{"tokens": 5, "typo": 1}, {"requests": 1}])
 def test_a_cost_that_misses_a_meter_says_so(redis_server: ServerHandle, cost: Any) -> None:
     from governor.celery.metering.costs import check
-    from governor.errors import CostError
     from governor.celery.types import LimitSpec
+    from governor.errors import CostError
 
     app = new_app(redis_server.url(), "q", governor_queues={"q": {"rules": {"tokens": "9/s"}}})
     gov = Governor(app)
