@@ -36,6 +36,13 @@ metric                                      type       labels                  c
                                                                                process picked up
 ``governor_tenant_wait_seconds``            histogram  ``limit``, ``tenant``   waits under fair
                                                                                limits (opt in)
+``governor_meter_units_total``              counter    ``limit``, ``meter``,   units under
+                                                       ``kind``                meters (below)
+``governor_upstream_synced_units_total``    counter    ``limit``, ``meter``    units the
+                                                                               upstream's
+                                                                               headers charged
+``governor_spend_dollars_total``            counter    ``limit``, ``meter``    money settled
+                                                                               (``*usd_micro``)
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -53,6 +60,11 @@ metric                                      type       labels                  c
   the slot opened it started (compare with ``governor_late_tolerance``); 1 ms to 5 s.
 - ``governor_parked_tasks`` is whatever :func:`set_parked` last set, or what the callable given
   to :func:`install` (``parked=``) or :func:`watch_parked` returns at each scrape.
+- ``governor_meter_units_total``: under limits with meters (docs/token-quotas.md), ``kind`` is
+  ``reserved`` (the estimates admitted calls counted), ``settled`` (the use tasks reported),
+  ``refunded`` (units settling gave back to their windows) or ``overrun`` (use beyond the
+  estimate, charged when settled). ``governor_spend_dollars_total`` counts the settled units of
+  a meter whose name ends in ``usd_micro`` as dollars (budgets in money).
 - ``governor_running`` sums the live pool processes of a worker (a process that exits drops
   out); ``governor_handover_seconds`` runs from the moment a process freed a slot and published
   the waiting call to the moment that call started.
@@ -220,6 +232,25 @@ class Metrics:
             registry=registry,
         )
 
+        self.meter_units = Counter(
+            "governor_meter_units",
+            "Units under limits with meters: reserved, settled, refunded, overrun.",
+            ["limit", "meter", "kind"],
+            registry=registry,
+        )
+        self.upstream_synced = Counter(
+            "governor_upstream_synced_units",
+            "Units charged because the upstream reported less room than governor counted.",
+            ["limit", "meter"],
+            registry=registry,
+        )
+        self.spend = Counter(
+            "governor_spend_dollars",
+            "Money tasks settled under a meter of micro-dollars (a name ending in usd_micro).",
+            ["limit", "meter"],
+            registry=registry,
+        )
+
         self.tenant_wait: Histogram | None = None
         """Waits by tenant under fair limits: one series per tenant, so only on request
         (``governor_metrics_tenants``), and for at most ``tenant_cap`` tenants."""
@@ -271,5 +302,8 @@ class Metrics:
             self.adaptive_decreases,
             self.adaptive_factor,
             self.live_changes,
+            self.meter_units,
+            self.upstream_synced,
+            self.spend,
             *([self.tenant_wait] if self.tenant_wait is not None else []),
         ]
