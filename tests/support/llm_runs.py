@@ -73,6 +73,8 @@ class Result:
     """The served tokens at exactly the quota: tokens / (orgs * quota) windows."""
     outside: int = 0
     log: str = field(default="", repr=False)
+    refusals: list[tuple[float, str, float]] = field(default_factory=list, repr=False)
+    """The server's 429s: (time, organisation, seconds until the call would have fit)."""
 
     @property
     def refused(self) -> int:
@@ -196,7 +198,10 @@ def run(
                 served += sum(c.tokens for c in mine)
         ideal = served / (setup.orgs * setup.tokens) * setup.window
         text = _tail(logs)
-    return Result(mode, setup, len(done), calls, fills, last - first, ideal, sent[0], text)
+        refusals = list(server.refusals)
+    return Result(
+        mode, setup, len(done), calls, fills, last - first, ideal, sent[0], text, refusals
+    )
 
 
 def _send(broker: str, queue: str, work: list[tuple[str, str, int, int]]) -> None:

@@ -75,6 +75,8 @@ class LLMServer:
         self.lock = threading.Lock()
         self.counted: dict[str, deque[tuple[float, int]]] = {}
         self.log: list[Call] = []
+        self.refusals: list[tuple[float, str, float]] = []
+        """(time, organisation, seconds until it would have fit) of every 429."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,6 +130,7 @@ class LLMServer:
             headers = self._headers(log, used, now)
             if not fits:
                 wait = self._room_in(log, total, now)
+                self.refusals.append((now, org, wait))
         if not fits:
             headers["retry-after"] = str(max(1, math.ceil(wait)))
             headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
