@@ -85,7 +85,7 @@ class Governor:
         key: Callable[..., Any] | None = None,
         limit_name: str | None = None,
         algorithm: str | None = None,
-        cost: int | Callable[..., int] = 1,
+        cost: Any = 1,
         max_wait: float | None = None,
         concurrency: int | None = None,
         **options: Any,

@@ -385,7 +385,8 @@ TASK_OPTIONS: tuple[Setting, ...] = (
     Setting(
         "governor_limit",
         None,
-        "rules; with `governor_key` they apply per key, without it per task",
+        "rules; with `governor_key` they apply per key, without it per task; or rules per "
+        'meter, decided together: `{"requests": "500/m", "tokens": "30000/m"}`',
     ),
     Setting(
         "governor_key",
