@@ -59,8 +59,11 @@ def settle(
     task_id = _task_id(task)
     if task_id is None:
         return {}
+    installed = registry.find(task.app)
+    if installed is None:  # governor is not installed on this app: nothing was reserved
+        return {}
     both: dict[str, int | None] = {**(used or {}), **meters}
-    return registry.of(task.app).gate.reservations.settle(task_id, both)
+    return installed.gate.reservations.settle(task_id, both)
 
 
 def observe(
@@ -82,7 +85,8 @@ def observe(
         task_id = _task_id(task)
         if task_id is None:
             return {}
-        reservation = registry.of(task.app).gate.reservations.of(task_id)
+        installed = registry.find(task.app)
+        reservation = None if installed is None else installed.gate.reservations.of(task_id)
         if reservation is None:
             return {}
         quotas = quotas_of(response)
