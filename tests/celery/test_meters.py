@@ -3,6 +3,7 @@ Backoff's headers. A real worker (threads pool, in process) and the suite's Redi
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import time
 import uuid
@@ -335,3 +336,44 @@ def test_a_cost_that_misses_a_meter_says_so(redis_server: ServerHandle, cost: An
     with pytest.raises(CostError) as info:
         check("t", cost, [(lim, spec)])
     assert "typo" in str(info.value) or "names none of the meters" in str(info.value)
+
+
+def test_meters_with_a_cap_and_with_fair_sharing(redis_server: ServerHandle) -> None:
+    """A limit with meters keeps what limits have: a concurrency cap (one call at a time, the
+    unused tokens still given back), and fair sharing between tenants (every call runs)."""
+    capped, fair = queue_name(), queue_name()
+    app = new_app(
+        redis_server.url(),
+        capped,
+        governor_queues={
+            capped: {"rules": {"requests": "100/s", "tokens": "5000/m"}, "concurrency": 1},
+            fair: {"rules": {"requests": "100/s", "tokens": "3000/2s"}, "fair_by": "org"},
+        },
+    )
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(
+        bind=True,
+        shared=False,
+        governor_cost=lambda org, **_: {"requests": 1, "tokens": 1000},
+    )
+    def call(self: Task, org: str, n: int) -> None:
+        start = time.time()
+        time.sleep(0.1)
+        settle(self, tokens=100)
+        rec.add(org=org, n=n, start=start, end=time.time())
+
+    with worker(app, [capped, fair], concurrency=4):
+        for n in range(6):
+            call.apply_async(("org-a", n), queue=capped)
+        for n in range(8):
+            call.apply_async(("org-b" if n % 4 else "org-c", n), queue=fair)
+        seen = rec.wait(14, timeout=40)
+    assert len(seen) == 14
+    on_cap = sorted((r["start"], r["end"]) for r in seen if r["org"] == "org-a")
+    assert all(a[1] <= b[0] + 0.01 for a, b in itertools.pairwise(on_cap)), on_cap
+    # 6 calls of 1000 tokens under 5000/m ran within seconds: each gave 900 back
+    assert max(e for _, e in on_cap) - min(s for s, _ in on_cap) < 10
+    fair_runs = [r for r in seen if r["org"] != "org-a"]
+    assert {r["org"] for r in fair_runs} == {"org-b", "org-c"}
