@@ -122,7 +122,8 @@ def _stop(procs: list[Any]) -> None:
 
 def _outside(server: LLMServer, setup: Setup, stop: threading.Event, sent: list[int]) -> None:
     """Another client of organisation org-0: ``outside`` of its token quota, in calls of
-    about 10 % of the quota each, evenly spread (refused calls are not retried)."""
+    about 10 % of the quota each, evenly spread; a refused call is sent again after its
+    retry-after (so the client spends its share)."""
     import openai
 
     c = openai.OpenAI(base_url=server.url, api_key="x", organization="org-0", max_retries=0)
@@ -137,8 +138,9 @@ def _outside(server: LLMServer, setup: Setup, stop: threading.Event, sent: list[
                 max_tokens=max(1, round(size * 1.5)),
             )
             sent[0] += 1
-        except openai.RateLimitError:
-            pass
+        except openai.RateLimitError as exc:
+            stop.wait(float(exc.response.headers.get("retry-after-ms", "1000")) / 1000)
+            continue
         next_at += every
         stop.wait(max(0.0, next_at - time.monotonic()))
 
