@@ -121,21 +121,19 @@ def _stop(procs: list[Any]) -> None:
 
 
 def _outside(server: LLMServer, setup: Setup, stop: threading.Event, sent: list[int]) -> None:
-    """Another client of organisation org-0: ``outside`` of its token quota, in calls of
-    about 10 % of the quota each, evenly spread; a refused call is sent again after its
-    retry-after (so the client spends its share)."""
+    """Another client of organisation org-0: ``outside`` of its token quota, in calls like
+    the tasks' (a prompt of 175 tokens, ``max_tokens`` 512: about 430 tokens on average),
+    evenly spread; a refused call is sent again after its retry-after (so the client spends
+    its share)."""
     import openai
 
     c = openai.OpenAI(base_url=server.url, api_key="x", organization="org-0", max_retries=0)
-    size = max(50, round(setup.tokens * 0.1))
-    every = setup.window * size / (setup.tokens * setup.outside)
+    every = setup.window * 430 / (setup.tokens * setup.outside)
     next_at = time.monotonic()
     while not stop.is_set():
-        try:  # a prompt of a quarter of the call, a completion of about the rest
+        try:
             c.chat.completions.create(
-                model="local",
-                messages=[{"role": "user", "content": "o" * size}],
-                max_tokens=max(1, round(size * 1.5)),
+                model="local", messages=[{"role": "user", "content": "o" * 700}], max_tokens=512
             )
             sent[0] += 1
         except openai.RateLimitError as exc:
