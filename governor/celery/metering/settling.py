@@ -90,6 +90,11 @@ class Reservations:
 
     def keep(self, call: Call, held: Held) -> None:
         """An admitted call: keep what its limits with meters counted."""
+        for lim, _, _ in held:
+            if lim.meters:
+                break
+        else:
+            return  # the usual call: no meters, nothing to keep
         metered = [(lim, spec, d) for lim, spec, d in held if lim.meters and d.slot is not None]
         if not metered:
             return
@@ -189,6 +194,8 @@ class Reservations:
     def done(self, task_id: str | None) -> None:
         """The body of ``task_id`` ended: forget its reservation; one it never settled is
         counted as reserved and unsettled in the totals."""
+        if not self._by_task:  # the usual case: nothing kept (a read of a dict is atomic)
+            return
         with self._lock:
             reservation = self._by_task.pop(task_id or "", None)
         if reservation is None or reservation.settled:
