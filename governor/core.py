@@ -207,6 +207,12 @@ class LimiterBase:
                     )
         return units
 
+    def check_cost(self, cost: Cost) -> tuple[int, ...]:
+        """The units of ``cost`` per meter (one number without meters), checked as a decision
+        checks them, without Redis: :class:`~governor.errors.CostError` for a bad cost or, with
+        meters, one larger than a rule can ever admit."""
+        return self._units(cost)
+
     def _cost_arg(self, units: tuple[int, ...]) -> int | str:
         """ARGV[4]: the units, or per rule "<units>@<meter>" (see common.lua)."""
         if not self.meters:

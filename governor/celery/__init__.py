@@ -12,6 +12,7 @@ from .batch import submit_batch
 from .feedback.backoff import Backoff
 from .task import GovernedTask
 from .types import Deferred
+from .usage import learned, observe, settle
 
 __all__ = [
     "Backoff",
@@ -20,5 +21,8 @@ __all__ = [
     "Governor",
     "GovernorTimeout",
     "current_permits",
+    "learned",
+    "observe",
+    "settle",
     "submit_batch",
 ]

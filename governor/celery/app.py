@@ -85,7 +85,7 @@ class Governor:
         key: Callable[..., Any] | None = None,
         limit_name: str | None = None,
         algorithm: str | None = None,
-        cost: int | Callable[..., int] = 1,
+        cost: Any = 1,
         max_wait: float | None = None,
         concurrency: int | None = None,
         **options: Any,
@@ -243,9 +243,11 @@ class Governor:
                 logger.warning("governor: could not give back leased admissions: %s", exc)
 
     def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
-        """A task's body ended (in the process that ran it): its concurrency slots go back."""
+        """A task's body ended (in the process that ran it): its concurrency slots go back, and
+        its reservation under meters is forgotten (counted as unsettled if it never settled)."""
         if self._gate is not None and getattr(sender, "app", None) is self.app:
             self._gate.holding.release(sender, task_id)
+            self._gate.reservations.done(task_id)
 
     def _is_mine(self, sender: Any) -> bool:
         return getattr(sender, "app", None) is self.app

@@ -17,6 +17,7 @@ __all__ = [
     "limit_paused",
     "live_limits_changed",
     "message_dead_lettered",
+    "quota_synced",
     "shadow_denied",
     "slot_acquired",
     "slot_lost",
@@ -26,6 +27,8 @@ __all__ = [
     "task_deferred",
     "task_parked",
     "task_released",
+    "task_settled",
+    "units_reserved",
 ]
 
 task_admitted = Signal(
@@ -87,6 +90,24 @@ live_limits_changed = Signal(
 """This process picked up a change of the live limits (``governor limits set/reset``):
 ``labels`` changed; ``limits``: every live limit now, label -> rules text. Sent once per
 process and change, on its next decision."""
+
+units_reserved = Signal(name="governor.units_reserved", providing_args={"request", "reserved"})
+"""An admitted task reserved units under limits with meters: ``reserved`` is, per limit label,
+the units per meter its estimate counted."""
+
+task_settled = Signal(
+    name="governor.task_settled",
+    providing_args={"request", "limit", "reserved", "settled", "refunded", "overrun"},
+)
+"""A task settled its reservation under ``limit`` (a label): per meter, the units it
+``reserved``, the units it reported (``settled``), the units given back to their windows
+(``refunded``) and the units charged beyond the estimate (``overrun``)."""
+
+quota_synced = Signal(
+    name="governor.quota_synced", providing_args={"limit", "meter", "remaining", "charged"}
+)
+"""The upstream reported ``remaining`` units of ``meter`` for ``limit``, less room than governor
+counted: ``charged`` units were counted for every worker (``observe``, or a Backoff's headers)."""
 
 shadow_denied = Signal(
     name="governor.shadow_denied", providing_args={"request", "limit", "rule", "delay"}

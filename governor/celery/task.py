@@ -45,7 +45,7 @@ class GovernedTask(GovernedMixin, Task):  # type: ignore[misc]
     governor_name: str | None = None
     governor_algorithm: str | None = None
     governor_concurrency: int | None = None
-    governor_cost: int | Callable[..., int] = 1
+    governor_cost: Any = 1
     governor_max_wait: float | None = None
     governor_fair_by: Any = None
     governor_weights: Any = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from celery.exceptions import Ignore
 
+from ..costs import Cost
 from ..decision import Decision
 from ..limiter import Limiter
 from ..rules import Rule
@@ -72,6 +73,17 @@ class LimitConfig:
     ceiling: tuple[Rule, ...] = ()
     """An adaptive limit scaled by its factor: the configured rules, which ``rules`` are a
     share of (empty: ``rules`` are the configured ones)."""
+    meters: tuple[tuple[str, tuple[Rule, ...]], ...] = ()
+    """Rules per meter (``{"requests": "500/m", "tokens": "30000/m"}``), decided together in
+    one call; ``rules`` then holds them all, meter after meter. Empty: the rules count calls
+    (or the task's integer cost)."""
+
+    @property
+    def rule_spec(self) -> Any:
+        """What :class:`~governor.Limiter` takes: the rules, or rules per meter."""
+        if self.meters:
+            return {meter: rules for meter, rules in self.meters}
+        return self.rules or None
 
     def weight(self, tenant: str) -> float:
         if callable(self.weights):
@@ -91,6 +103,8 @@ class LimitConfig:
     @property
     def text(self) -> str:
         parts = [r.text for r in self.rules]
+        if self.meters:
+            parts = [f"{m}: {', '.join(r.text for r in rules)}" for m, rules in self.meters]
         if self.concurrency is not None:
             parts.append(f"{self.concurrency} at once")
         marks = [m for m, on in (("shadow", self.shadow), ("adaptive", self.adaptive)) if on]
@@ -246,11 +260,14 @@ class Call:
     kwargs: Mapping[str, Any]
     specs: list[LimitSpec]
     """Every limit that governs it, queue first."""
-    cost: int
+    cost: Cost
+    """Units of every rule (an int), or units per meter (see governor.celery.metering)."""
     state: WaitState
     """What it carries between waits (the ``governor`` header)."""
     shadows: list[LimitSpec] = field(default_factory=list)
     """Limits in shadow mode: observed when the call is admitted, never deferring it."""
+    learned: dict[str, int] | None = None
+    """Meters of the cost that were learned estimates: their defaults."""
 
     @property
     def name(self) -> str:

@@ -101,6 +101,7 @@ def _config(config: Any) -> Config:
         adaptive=bool(getattr(config, "adaptive", False)),
         fair=getattr(config, "fair_by", None) is not None,
         weight=getattr(config, "weight", None),
+        meters=tuple(getattr(config, "meters", ())),
     )
 
 

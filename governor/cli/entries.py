@@ -42,10 +42,19 @@ class Config:
     """Shared fairly between tenants (``fair_by``): calls wait in a fair queue."""
     weight: Any = field(default=None, compare=False)
     """Under a fair limit: ``weight(tenant) -> float``."""
+    meters: tuple[tuple[str, tuple[Rule, ...]], ...] = ()
+    """Rules per meter (``rules`` then holds them all, meter after meter)."""
+
+    @property
+    def rule_spec(self) -> Any:
+        """What :class:`~governor.Limiter` takes: the rules, or rules per meter."""
+        return {m: rules for m, rules in self.meters} if self.meters else (self.rules or None)
 
     @property
     def text(self) -> str:
         parts = [r.text for r in self.rules]
+        if self.meters:
+            parts = [f"{m}: {', '.join(r.text for r in rules)}" for m, rules in self.meters]
         if self.concurrency is not None:
             parts.append(f"{self.concurrency} at once")
         marks = [m for m, on in (("shadow", self.shadow), ("live", self.live)) if on]
@@ -75,7 +84,9 @@ class LimitEntry:
         return f"{self.name}:{self.subject}" if self.kind in ("queue", "task") else self.name
 
     def limiter(self, state: State, algorithm: str | None = None) -> Limiter:
-        rules = self.config.rules if self.config else _ANY_RULE
+        rules: Any = self.config.rules if self.config else _ANY_RULE
+        if self.config and self.config.meters:
+            rules = self.config.rule_spec  # rules per meter (adaptive limits take none)
         ceiling: tuple[Rule, ...] | None = None
         algo = algorithm or (self.config.algorithm if self.config else "sliding_log")
         if self.config and self.config.adaptive and algo == self.config.algorithm:
@@ -87,7 +98,7 @@ class LimitEntry:
         cap = self.config.concurrency if self.config else None
         return Limiter(
             state.client,
-            rules or None,
+            rules,
             algorithm=algo,
             name=self.name,
             prefix=state.prefix,
@@ -103,6 +114,9 @@ class LimitEntry:
             "subject": self.subject,
             "label": self.label,
             "rules": [r.text for r in self.config.rules] if self.config else None,
+            "meters": {m: [r.text for r in rules] for m, rules in self.config.meters}
+            if self.config and self.config.meters
+            else None,
             "algorithm": self.config.algorithm if self.config else None,
             "concurrency": self.config.concurrency if self.config else None,
             "tasks": list(self.tasks),

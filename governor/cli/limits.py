@@ -44,9 +44,11 @@ __all__ = [
     "configured_limits",
     "dead_letter_count",
     "found_limits",
+    "meter_totals",
     "parked_count",
     "resolve",
     "snapshot",
+    "with_meter_totals",
 ]
 
 MAX_EXAMINED = 5000
@@ -97,6 +99,10 @@ class LimitState:
     parked: int = 0
     capped: bool = False
     """More than :data:`MAX_EXAMINED` subjects exist: only that many were examined."""
+    meters: dict[str, dict[str, int]] | None = None
+    """A limit with meters: per meter, what tasks reserved, settled, got refunded and overran
+    (units; ``calls`` settled, ``unsettled`` never), summed over every worker since the
+    totals were kept (``<prefix>:{metering}:totals``)."""
 
 
 # -- the Celery app ---------------------------------------------------------------------------
@@ -237,10 +243,41 @@ def all_limits(state: State, max_subjects: int | None = None) -> tuple[list[Limi
     if state.app is not None:
         entries = app_limits(state)
         if entries:
-            return [snapshot(state, e, max_subjects=max_subjects) for e in entries], "app"
+            states = [snapshot(state, e, max_subjects=max_subjects) for e in entries]
+            return with_meter_totals(state, states), "app"
     return [
         snapshot(state, entry, subjects, max_subjects) for entry, subjects in found_limits(state)
     ], "redis"
+
+
+def meter_totals(state: State) -> dict[str, dict[str, dict[str, int]]]:
+    """What tasks reserved and settled under limits with meters: label -> meter -> what ->
+    units (one HGETALL; empty without celery installed)."""
+    try:
+        learned = importlib.import_module("governor.celery.metering.learned")
+    except ImportError:
+        return {}
+    raw = state.client.hgetall(learned.totals_key(state.prefix))
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for field_, value in raw.items():
+        text = field_.decode("utf-8", "replace") if isinstance(field_, bytes) else str(field_)
+        meter, what, label = [*text.split("|", 2), "", ""][:3]
+        if label:
+            out.setdefault(label, {}).setdefault(meter, {})[what] = int(value)
+    return out
+
+
+def with_meter_totals(state: State, states: list[LimitState]) -> list[LimitState]:
+    """``states`` with the meter totals of their limits with meters (a call only if any)."""
+    if not any(ls.entry.config is not None and ls.entry.config.meters for ls in states):
+        return states
+    totals = meter_totals(state)
+    return [
+        replace(ls, meters=totals.get(ls.entry.label, {}))
+        if ls.entry.config is not None and ls.entry.config.meters
+        else ls
+        for ls in states
+    ]
 
 
 # -- parked tasks -----------------------------------------------------------------------------

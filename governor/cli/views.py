@@ -27,6 +27,41 @@ __all__ = [
 ]
 
 BAR_WIDTH = 12
+MONEY = "usd_micro"
+"""A meter whose name ends so counts micro-dollars: shown as dollars (budgets in money)."""
+
+
+def is_money(meter: str | None) -> bool:
+    return meter is not None and meter.endswith(MONEY)
+
+
+def dollars(micro: int) -> str:
+    return f"${micro / 1e6:,.2f}"
+
+
+def used_text(used: int, limit: int, meter: str | None) -> str:
+    """``6/10``, or for a money meter ``$1.20/$5.00``."""
+    return f"{dollars(used)}/{dollars(limit)}" if is_money(meter) else f"{used}/{limit}"
+
+
+def rule_text(rule: Any, meter: str | None) -> str:
+    return f"{meter} {rule.text}" if meter else str(rule.text)
+
+
+def meter_lines(meters: dict[str, dict[str, int]]) -> list[str]:
+    """What tasks reserved and settled, per meter: ``tokens: reserved 12000, settled 7000,
+    refunded 5000, overrun 0 (40 settled, 2 not)``."""
+    out = []
+    for meter, t in sorted(meters.items()):
+        shown = dollars if is_money(meter) else (lambda n: f"{n:,}")
+        amounts = ", ".join(
+            f"{what} {shown(t.get(what, 0))}"
+            for what in ("reserved", "settled", "refunded", "overrun")
+        )
+        out.append(
+            f"{meter}: {amounts} ({t.get('calls', 0):,} settled, {t.get('unsettled', 0):,} not)"
+        )
+    return out
 
 
 def console() -> Console:
@@ -116,9 +151,9 @@ def limit_table(ls: LimitState) -> Table:
     for s in ls.subjects:
         rows = [
             (
-                r.rule.text,
+                rule_text(r.rule, r.meter),
                 bar(r.used, r.limit),
-                f"{r.used}/{r.limit}",
+                used_text(r.used, r.limit, r.meter),
                 format_duration(r.reset_after),
             )
             for r in s.usage.rules
@@ -140,6 +175,8 @@ def limits_view(states: list[LimitState], *, parked: bool = False) -> Group:
             parts.append(limit_table(ls))
         else:
             parts.append(Text("nothing counted in Redis", style="dim"))
+        for line in meter_lines(ls.meters or {}):
+            parts.append(Text(line, style="dim"))
         if ls.total > len(ls.subjects):
             more = f"{ls.total - len(ls.subjects)}{'+' if ls.capped else ''}"
             parts.append(Text(f"... {more} more subjects (--subjects to see them)", "dim"))
@@ -153,6 +190,8 @@ def usage_json(u: Usage) -> list[dict[str, Any]]:
     return [
         {
             "rule": r.rule.text,
+            "meter": r.meter,
+            "used_text": used_text(r.used, r.limit, r.meter),
             "limit": r.limit,
             "used": r.used,
             "remaining": r.remaining,
@@ -208,5 +247,7 @@ def limit_json(ls: LimitState) -> dict[str, Any]:
         "subject_count": ls.total,
         "subject_count_capped": ls.capped,
         "parked": ls.parked,
+        "meter_totals": ls.meters,
+        "meter_lines": meter_lines(ls.meters or {}),
         "subjects": [subject_json(s) for s in ls.subjects],
     }

@@ -81,7 +81,7 @@ def overview(
     page = min(max(1, page), pages)
     limits = []
     for ls, subjects in picked[(page - 1) * per : page * per]:
-        item = limit_json(LimitState(ls.entry, [], ls.total, ls.parked, ls.capped))
+        item = limit_json(LimitState(ls.entry, [], ls.total, ls.parked, ls.capped, ls.meters))
         item["rules_text"] = ls.entry.config.text if ls.entry.config else None
         item["subjects"] = [
             subject_payload(ls.entry.label, s, history, OVERVIEW_POINTS) for s in subjects[:shown]

@@ -6,6 +6,7 @@ Redis) through the CLI's readers (:mod:`governor.cli.limits`) and keeps the resu
 open pages. A refresh costs, in Redis calls::
 
     1 (live limits) + 1 (adaptive factors, if any limit is adaptive)
+    + 1 (what tasks reserved and settled, if any limit has meters)
     + per per-key limit: its SCAN (1 call per 1000 keys of that limit)
     + per subject examined (at most ``examine`` per limit): 1 (usage)
       + 1 if the limit has a concurrency cap + 1 if it is fair
@@ -31,7 +32,14 @@ from itertools import islice
 
 from ..cli.common import State, mask_url, user_errors
 from ..cli.entries import LimitEntry
-from ..cli.limits import LimitState, SubjectState, app_limits, found_limits, subject_state
+from ..cli.limits import (
+    LimitState,
+    SubjectState,
+    app_limits,
+    found_limits,
+    subject_state,
+    with_meter_totals,
+)
 
 __all__ = ["Frame", "History", "Parked", "Sampler", "rate_of", "read_limits", "read_parked"]
 
@@ -145,7 +153,8 @@ def read_limits(state: State, examine: int) -> tuple[list[LimitState], str, int]
                 ls, n = _examined(state, entry, None, examine)
                 out.append(ls)
                 calls += n
-            return out, "app", calls
+            calls += any(e.config is not None and e.config.meters for e in entries)
+            return with_meter_totals(state, out), "app", calls
     else:
         calls = 0
     found = found_limits(state)

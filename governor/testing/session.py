@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from ..caps import new_token
 from ..connect import target
+from ..costs import Cost
 from ..decision import Decision
 from ..errors import ConfigError, GovernorError, GovernorTimeout
 from ..limiter import Limiter
@@ -94,6 +95,15 @@ def governed(
         yield gov
 
 
+def share(lim: Limiter, cost: Cost) -> Cost:
+    """The part of a call's cost ``lim`` counts (units per meter: see governor.celery.metering)."""
+    if type(cost) is int:
+        return cost
+    from ..celery.metering.costs import share as share_of
+
+    return share_of(lim, cost)
+
+
 class Governed:
     """What :func:`governed` yields: the calls so far, and questions about the next one."""
 
@@ -146,7 +156,7 @@ class Governed:
         now = self.clock()
         worst: tuple[str, str, Decision] | None = None
         for spec_label, subject, lim in specs:
-            d = lim.peek(subject, cost, now=now, holder=request.id)
+            d = lim.peek(subject, share(lim, cost), now=now, holder=request.id)
             if not d.allowed and (worst is None or d.retry_after > worst[2].retry_after):
                 worst = (spec_label, subject, d)
         if worst is None:
@@ -268,7 +278,12 @@ class Governed:
         holder = f"{task_id}:{request.retries}"
         for i, (label, subject, lim) in enumerate(specs):
             d = lim.acquire(
-                subject, cost, now=now, holder=holder, token=new_token(), info="governor.testing"
+                subject,
+                share(lim, cost),
+                now=now,
+                holder=holder,
+                token=new_token(),
+                info="governor.testing",
             )
             if d.allowed:
                 held.append((lim, subject, d))
@@ -276,7 +291,7 @@ class Governed:
             self._give_back(held, cost, now)
             worst = (label, subject, d)
             for other_label, other_subject, other in specs[i + 1 :] if d.capped is None else ():
-                p = other.peek(other_subject, cost, now=now, holder=holder)
+                p = other.peek(other_subject, share(other, cost), now=now, holder=holder)
                 if not p.allowed and p.retry_after > worst[2].retry_after:
                     worst = (other_label, other_subject, p)
             denied = _denial(*worst, task, task_id, args, kwargs, now)
@@ -294,7 +309,7 @@ class Governed:
 
     def _specs(
         self, task: Any, request: _Request, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[list[tuple[str, str, Limiter]], int]:
+    ) -> tuple[list[tuple[str, str, Limiter]], Cost]:
         """(label, subject, limiter) of every enforced limit of the call, and its cost."""
         if self.limits == "off":
             raise RuntimeError("governed(app, 'off'): the limits are off, nothing to ask")
@@ -302,7 +317,7 @@ class Governed:
         limiters = [(s.label, s.subject, self._store.limiter(s.name, s.config)) for s in call.specs]
         return limiters, call.cost
 
-    def _check_wait(self, task: Any, cost: int, denied: Denied) -> None:
+    def _check_wait(self, task: Any, cost: Cost, denied: Denied) -> None:
         """What production fails rather than defers: a call no rule can ever admit, a wait
         longer than the task's ``governor_max_wait``."""
         if denied.retry_after == math.inf:
@@ -328,9 +343,9 @@ class Governed:
             if d.hold is not None:
                 lim.release(subject, d.hold, now=self.clock())
 
-    def _give_back(self, held: Held, cost: int, now: float) -> None:
+    def _give_back(self, held: Held, cost: Cost, now: float) -> None:
         for lim, subject, d in held:
-            lim.refund(subject, d, cost, now=now)
+            lim.refund(subject, d, share(lim, cost), now=now)
 
     def _queue(
         self,

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ...errors import ConfigError
+from ...costs import Cost
+from ...errors import ConfigError, CostError
 from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.task_limits import (
@@ -24,6 +25,8 @@ from ..config.task_limits import (
     task_limit_config,
 )
 from ..fair.tenants import tenant_of
+from ..metering.costs import Learned
+from ..metering.learned import Learning
 from ..types import Call, LimitSpec, TaskOptions, WaitState
 
 __all__ = ["MAX_COST", "Calls", "units"]
@@ -61,6 +64,8 @@ class Calls:
         self.settings = settings
         self.live = live
         """Live limits (:mod:`..config.live`) replace the configured ones they name."""
+        self.learning: Learning | None = None
+        """Learned estimates (``learned(...)`` in a cost per meter; see :mod:`..metering`)."""
         self._options: dict[str, TaskOptions] = {}
         self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
 
@@ -124,13 +129,42 @@ class Calls:
             self.options(task).key_config is not None
         )
 
-    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
-        """The units a call counts: the task's ``governor_cost``, or what its callable gives
-        for these arguments (see :func:`units`)."""
+    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Cost:
+        return self._cost(task, args, kwargs)[0]
+
+    def _cost(
+        self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Cost, dict[str, int] | None]:
+        """The call's cost, and the defaults of the meters it learned (None: none)."""
         cost = self.options(task).cost
-        return (
-            units(task, call_with_arguments(task, cost, args, kwargs)) if callable(cost) else cost
-        )
+        if not callable(cost):
+            return (cost, None) if not isinstance(cost, Mapping) else self._per_meter(task, cost)
+        value = call_with_arguments(task, cost, args, kwargs)
+        if not isinstance(value, Mapping):
+            return units(task, value), None
+        return self._per_meter(task, value)
+
+    def _per_meter(
+        self, task: Any, value: Mapping[Any, Any]
+    ) -> tuple[dict[str, int], dict[str, int] | None]:
+        """A cost per meter with its learned estimates worked out."""
+        out: dict[str, int] = {}
+        learned: dict[str, int] = {}
+        for meter, units in value.items():
+            if isinstance(units, Learned):
+                learned[str(meter)] = units.default
+                units = (
+                    units.default
+                    if self.learning is None
+                    else self.learning.estimate(task.name, str(meter), units)
+                )
+            if isinstance(units, bool) or not isinstance(units, int) or not isinstance(meter, str):
+                raise CostError(
+                    f"task {task.name!r}: governor_cost gave {dict(value)!r}; units per meter "
+                    "must be integers (or learned(...)) under meter names"
+                )
+            out[meter] = units
+        return out, learned or None
 
     def call(
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -150,11 +184,11 @@ class Calls:
             ]
         specs = [s for s in every if not s.config.shadow]
         shadows = [s for s in every if s.config.shadow]
-        cost = self.cost(task, args, kwargs) if every else 0
+        cost, learned = self._cost(task, args, kwargs) if every else (0, None)
         if cost == 0:  # it costs nothing: no limit counts it, it runs at once
             specs = shadows = []
         state = WaitState.from_request(request)
-        return Call(task, request, args, kwargs, specs, cost, state, shadows)
+        return Call(task, request, args, kwargs, specs, cost, state, shadows, learned)
 
     def max_wait(self, task: Any) -> float | None:
         wait: float | None = self.options(task).max_wait

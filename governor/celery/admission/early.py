@@ -21,8 +21,10 @@ from celery.exceptions import Reject
 from celery.worker.state import task_ready
 
 from ...caps import new_token
+from ...costs import Cost
 from ...errors import StorageUnavailable
 from ..decisions.decider import Decider, too_long
+from ..metering.costs import share
 from ..types import HEADER, LimitConfig, LimitSpec, Who
 from ..waiting.cap_line import CapLine
 from ..waiting.republish import Republisher
@@ -116,7 +118,7 @@ class EarlyDeferral:
         req.acknowledge()
         return True
 
-    def known_denied(self, specs: list[LimitSpec], cost: int, holder: str) -> bool:
+    def known_denied(self, specs: list[LimitSpec], cost: Cost, holder: str) -> bool:
         """Whether a limit of ``specs`` denies now, by a peek at most ``HINT_TTL`` old (a
         denial is trusted until its retry_after; a full cap's, only for ``HINT_TTL``)."""
         now = time.monotonic()
@@ -125,7 +127,7 @@ class EarlyDeferral:
             hint = self.hints.get(key)
             if hint is None or (hint[1] <= now and now - hint[0] > HINT_TTL):
                 lim = self.decider.store.limiter(spec.name, spec.config)
-                d = lim.peek(spec.subject, cost, holder=holder)
+                d = lim.peek(spec.subject, share(lim, cost), holder=holder)
                 if d.allowed:
                     hint = (now, 0.0)
                 else:

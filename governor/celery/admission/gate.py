@@ -41,7 +41,7 @@ from typing import Any
 import redis
 
 from ...caps import new_token
-from ...errors import GovernorError, GovernorTimeout, StorageUnavailable
+from ...errors import CostError, GovernorError, GovernorTimeout, StorageUnavailable
 from .. import signals
 from ..config.live import LiveView
 from ..config.settings import Settings
@@ -51,6 +51,10 @@ from ..decisions.leases import AdmissionLeases
 from ..fair.sharing import FairSharing, fair_spec
 from ..feedback.backoff import Backoff
 from ..feedback.pausing import Pausing
+from ..metering import costs
+from ..metering.learned import Learning
+from ..metering.settling import Reservations
+from ..metering.sync import sync_quotas
 from ..types import (
     HEADER,
     Call,
@@ -93,6 +97,9 @@ class Gate:
         self.pausing = Pausing(settings, self.store, self.decider, self.republisher, self.live)
         self.shadow = Shadow(self.store)
         self.fair = FairSharing(settings, self.store, self.republisher)
+        self.learning = Learning(settings, lambda: self.store.client)
+        self.calls.learning = self.learning
+        self.reservations = Reservations(self.learning)
 
     # -- what others use ---------------------------------------------------------------------
 
@@ -107,7 +114,7 @@ class Gate:
     def options(self, task: Any) -> TaskOptions:
         return self.calls.options(task)
 
-    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         return self.calls.cost(task, args, kwargs)
 
     def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
@@ -168,6 +175,13 @@ class Gate:
         """The body raised Backoff: pause its limit for every worker and send the task to run
         again behind the pause (see :mod:`..feedback.pausing`). Returns the Deferred to raise."""
         call = self.calls.call(task, task.request, args, kwargs)
+        reservation = self.reservations.of(task.request.id)
+        if reservation is not None:  # the upstream refused it: nothing was used, then its view
+            every = {m for lim, _, _ in reservation.held for m in lim.meters}
+            self.reservations.settle(task.request.id, dict.fromkeys(every, 0))
+            quotas = getattr(exc, "quotas", None)
+            if quotas:
+                sync_quotas(task, reservation.held, quotas, limit=exc.limit)
         return self.pausing.pause(call, exc)
 
     def _decide(self, call: Call) -> Deferred | None:
@@ -176,11 +190,19 @@ class Gate:
         if queued is not None:
             return queued
         who = who_for(call)
+        if not isinstance(call.cost, int):  # per meter: a call that can never run fails now
+            costs.check(call.task.name, call.cost, self.decider.limiters(call.specs))
         for _attempt in range(3):
-            outcome = self.decider.decide(call.specs, call.cost, call.state, lease=True, who=who)
+            try:
+                outcome = self.decider.decide(
+                    call.specs, call.cost, call.state, lease=True, who=who
+                )
+            except CostError as exc:
+                raise CostError(f"task {call.task.name!r} [{call.request.id}]: {exc}") from None
             call.state.outages = 0
             if outcome.allowed:
                 self.holding.take(call, outcome)
+                self.reservations.keep(call, outcome.held)
                 self._admitted(call, outcome)
                 return None
             label = outcome.spec.label if outcome.spec else "governor"

@@ -16,6 +16,7 @@ import logging
 from ...errors import GovernorError
 from .. import signals
 from ..config.store import Store
+from ..metering.costs import share
 from ..types import Call
 
 __all__ = ["Shadow"]
@@ -33,7 +34,8 @@ class Shadow:
         """Ask every shadow limit of an admitted call; never raises."""
         for spec in call.shadows:
             try:
-                d = self.store.limiter(spec.name, spec.config).acquire(spec.subject, call.cost)
+                lim = self.store.limiter(spec.name, spec.config)
+                d = lim.acquire(spec.subject, share(lim, call.cost))
             except GovernorError as exc:
                 logger.debug("governor: shadow limit %s not asked: %s", spec.label, exc)
                 continue

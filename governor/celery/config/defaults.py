@@ -341,6 +341,19 @@ SETTINGS: tuple[Setting, ...] = (
         seconds_at_least(0.0, 86_400.0),
     ),
     Setting(
+        "governor_settle_within",
+        600.0,
+        "seconds after its admission during which a task may `settle` what it reserved under "
+        "limits with meters; later, the estimate stands (see docs/token-quotas.md)",
+        seconds_at_least(1.0),
+    ),
+    Setting(
+        "governor_learned_percentile",
+        0.95,
+        "a `learned(...)` estimate reserves this percentile of the last 200 uses a task settled",
+        fraction,
+    ),
+    Setting(
         "governor_metrics_port",
         None,
         "serve Prometheus metrics on this port from every worker (None: off)",
@@ -391,7 +404,8 @@ TASK_OPTIONS: tuple[Setting, ...] = (
     Setting(
         "governor_limit",
         None,
-        "rules; with `governor_key` they apply per key, without it per task",
+        "rules; with `governor_key` they apply per key, without it per task; or rules per "
+        'meter, decided together: `{"requests": "500/m", "tokens": "30000/m"}`',
     ),
     Setting(
         "governor_key",
@@ -415,7 +429,8 @@ TASK_OPTIONS: tuple[Setting, ...] = (
         "governor_cost",
         1,
         "units a call costs: an int, or a callable like `governor_key` (a fraction rounds "
-        "up; 0 runs at once, counted by no limit); caps count calls",
+        "up; 0 runs at once, counted by no limit); under limits with meters, units per meter "
+        '(`{"requests": 1, "tokens": 1800}`, a value may be `learned(default)`); caps count calls',
     ),
     Setting(
         "governor_max_wait",
@@ -436,7 +451,12 @@ TASK_OPTIONS: tuple[Setting, ...] = (
 """Every ``governor_*`` attribute of a task (``Governor.task()`` takes the same)."""
 
 LIMIT_KEYS: tuple[Setting, ...] = (
-    Setting("rules", None, 'the rules: `"10/s, 800/d"` or a list of them'),
+    Setting(
+        "rules",
+        None,
+        'the rules: `"10/s, 800/d"` or a list of them; or rules per meter, decided together: '
+        '`{"requests": "500/m", "tokens": "30000/m"}`',
+    ),
     Setting("algorithm", None, "the algorithm of these rules (default: `governor_algorithm`)"),
     Setting("concurrency", None, "at most this many calls at once (with or without rules)"),
     Setting("shadow", False, "count and log what the rules would deny, but deny nothing"),

@@ -1,6 +1,7 @@
 """One configured limit: :class:`LimitConfig` and :func:`limit_config`, which reads it from a
 setting's value (``"10/s, 800/d"`` or ``{"rules": ..., "algorithm": ..., "concurrency": ...,
-"shadow": ..., "adaptive": ...}``) or a live limit's."""
+"shadow": ..., "adaptive": ...}``) or a live limit's. Rules may be given per meter
+(``{"rules": {"requests": "500/m", "tokens": "30000/m"}}``, docs/token-quotas.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 from ...algorithms import get_algorithm
 from ...caps import Cap
+from ...costs import MAX_UNITS
 from ...errors import ConfigError, GovernorError
-from ...rules import parse_rules
+from ...rules import Rule, parse_meters, parse_rules
 from ..types import LimitConfig
 from .defaults import LIMIT_KEYS
 
@@ -32,6 +34,16 @@ def limit_config(
     weights: Any = ()
     if isinstance(value, Mapping):
         unknown = set(value) - {key.name for key in LIMIT_KEYS}
+        if unknown and not ("rules" in value or "concurrency" in value):
+            try:
+                parse_meters(value)
+            except GovernorError:
+                pass
+            else:
+                raise ConfigError(
+                    f"{where}: rules per meter go under 'rules': "
+                    f"{{'rules': {dict(value)!r}}}, got {value!r}"
+                )
         if unknown or not ("rules" in value or "concurrency" in value):
             raise ConfigError(
                 f"{where}: expected {{'rules': '10/s', 'algorithm': 'sliding_log', "
@@ -51,8 +63,12 @@ def limit_config(
             raise ConfigError(f"{where}: adaptive must be True or False, with rules: {adaptive!r}")
         fair_by, weights = fair_options(value, where, concurrency is not None)
     try:
-        parsed = () if rules is None else parse_rules(rules)
-        get_algorithm(algorithm).check(parsed)
+        meters = _meters(rules, algorithm) if isinstance(rules, Mapping) else ()
+        if meters:
+            parsed: tuple[Rule, ...] = tuple(rule for _, group in meters for rule in group)
+        else:
+            parsed = () if rules is None else parse_rules(rules)
+            get_algorithm(algorithm).check(parsed)
         if concurrency is not None:
             Cap.make(concurrency, lease)
     except GovernorError as exc:
@@ -60,7 +76,24 @@ def limit_config(
     name = get_algorithm(algorithm).name
     if fair_by is not None and not parsed:
         raise ConfigError(f"{where}: fair_by shares rules between tenants: give rules")
-    return LimitConfig(parsed, name, concurrency, lease, shadow, adaptive, fair_by, weights)
+    if meters and adaptive:
+        raise ConfigError(f"{where}: an adaptive limit cannot have meters (not supported yet)")
+    return LimitConfig(
+        parsed, name, concurrency, lease, shadow, adaptive, fair_by, weights, meters=meters
+    )
+
+
+def _meters(rules: Mapping[str, Any], algorithm: str) -> tuple[tuple[str, tuple[Rule, ...]], ...]:
+    """Rules per meter, checked as the limiter checks them (units up to 10^12 per rule; the
+    algorithms other than the sliding log keep their own bounds)."""
+    meters = parse_meters(rules)
+    every = tuple(rule for _, group in meters for rule in group)
+    for rule in every:
+        if rule.limit > MAX_UNITS:
+            raise ConfigError(f"rule {rule.text!r}: a limit of at most {MAX_UNITS} units")
+    if get_algorithm(algorithm).name != "sliding_log":
+        get_algorithm(algorithm).check(every)
+    return meters
 
 
 def fair_options(value: Mapping[str, Any], where: str, capped: bool) -> tuple[Any, Any]:

@@ -63,6 +63,8 @@ class Settings:
     parking_shards: int = 1
     park_replicas: int = 0
     park_replica_timeout: float = 1.0
+    settle_within: float = 600.0
+    learned_percentile: float = 0.95
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     metrics_certfile: str | None = None

@@ -47,13 +47,14 @@ class Store:
             )
             lim = Limiter(
                 self.client,
-                rules or None,
+                config.rule_spec if config.meters else (rules or None),
                 algorithm=config.algorithm,
                 name=name,
                 prefix=self.settings.prefix,
                 concurrency=config.concurrency,
                 lease=config.lease,
                 ceiling=ceiling,
+                settle_within=self.settings.settle_within,
             )
             self._limiters[(name, config)] = lim
         return lim

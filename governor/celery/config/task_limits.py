@@ -141,10 +141,14 @@ def validate_task(task: Any, settings: Settings) -> None:
     if name is not None:
         check_name(f"task {task.name!r} governor_name", name)
     cost = option(task, "governor_cost", 1)
-    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 1):
+    if (
+        not callable(cost)
+        and not isinstance(cost, Mapping)
+        and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 1)
+    ):
         raise ConfigError(
-            f"task {task.name!r}: governor_cost must be a positive integer or a callable, "
-            f"got {cost!r}"
+            f"task {task.name!r}: governor_cost must be a positive integer, units per meter "
+            f"or a callable, got {cost!r}"
         )
     wait = getattr(task, "governor_max_wait", None)
     if wait is not None and (

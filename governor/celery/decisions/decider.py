@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ...costs import Cost
 from ...limiter import Limiter
 from ..config.live import LiveView
 from ..config.settings import Settings
@@ -51,7 +52,7 @@ class Decider:
     def decide(
         self,
         specs: list[LimitSpec],
-        cost: int,
+        cost: Cost,
         state: WaitState,
         *,
         lease: bool = False,
@@ -70,16 +71,20 @@ class Decider:
     def _decide(
         self,
         limiters: list[tuple[Limiter, LimitSpec]],
-        cost: int,
+        cost: Cost,
         state: WaitState,
         lease: bool,
         who: Who | None,
         handed: Handed,
     ) -> Outcome:
         fair = any(spec.config.fair_by is not None for _, spec in limiters)
-        if (fair and not state.slots) or not all(lim.books for lim, _ in limiters):
+        per_meter = type(cost) is not int
+        if ((fair or per_meter) and not state.slots) or not all(lim.books for lim, _ in limiters):
             # a fair limit books nothing ahead: its waiting calls queue by tag (.fairness),
-            # and its dispatcher books the few it sends on (they claim it below)
+            # and its dispatcher books the few it sends on (they claim it below). A cost per
+            # meter is an estimate that settling corrects: a booking far ahead would keep its
+            # place at the estimate; such a call asks again when the meters will have room
+            # (it claims only the booking a Backoff made for it behind the pause)
             return acquire_all(limiters, cost, who, handed)
         if state.slots:
             settings = self.settings
@@ -92,11 +97,16 @@ class Decider:
                 who,
                 handed,
             )
-            if outcome is not None and outcome.allowed and self.pacing is not None:
+            if (
+                outcome is not None
+                and outcome.allowed
+                and self.pacing is not None
+                and type(cost) is int  # adaptive limits take no meters
+            ):
                 outcome = self.pacing.pace(limiters, cost, state, outcome, handed)
-            if outcome is not None or fair:
+            if outcome is not None or fair or per_meter:
                 return outcome or acquire_all(limiters, cost, who, handed)
-        elif lease and not any(lim.cap for lim, _ in limiters):
+        elif lease and type(cost) is int and not any(lim.cap for lim, _ in limiters):
             outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
             if outcome is not None:
                 return outcome
@@ -108,13 +118,13 @@ class Decider:
     def reserve_all(
         self,
         limiters: list[tuple[Limiter, LimitSpec]],
-        cost: int,
+        cost: Cost,
         not_before: float | None = None,
     ) -> Outcome:
         """A booking for a batch (no concurrency slot is ever taken by a booking)."""
         return reserve_all(limiters, cost, self.settings.late_tolerance, not_before)
 
-    def refund(self, held: Held, cost: int) -> None:
+    def refund(self, held: Held, cost: Cost) -> None:
         """Give back what a decision took, and publish whom freed slots went to."""
         handed = refund(held, cost)
         if handed:

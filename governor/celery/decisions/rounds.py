@@ -18,8 +18,10 @@ import math
 import time
 from collections.abc import Mapping
 
+from ...costs import Cost
 from ...decision import Decision, Slot
 from ...limiter import Limiter
+from ..metering.costs import share
 from ..types import Handed, Held, LimitSpec, Outcome, Who
 
 __all__ = ["acquire_all", "claim_all", "refund", "reserve_all"]
@@ -35,18 +37,18 @@ def _ids(who: Who | None) -> tuple[str | None, str | None, str]:
     return (None, None, "") if who is None else (who.holder, who.token, who.info)
 
 
-def refund(held: Held, cost: int) -> Handed:
+def refund(held: Held, cost: Cost) -> Handed:
     """Give back what ``held`` took (slots too); returns the waiters handed a freed slot."""
     handed: Handed = []
     for lim, spec, d in held:
         if d.slot is not None:
-            handed += lim.refund(spec.subject, d, cost)
+            handed += lim.refund(spec.subject, d, share(lim, cost))
     return handed
 
 
 def acquire_all(
     limiters: list[tuple[Limiter, LimitSpec]],
-    cost: int,
+    cost: Cost,
     who: Who | None = None,
     handed: Handed | None = None,
 ) -> Outcome:
@@ -54,7 +56,7 @@ def acquire_all(
     handed = [] if handed is None else handed
     for i, (lim, spec) in enumerate(limiters):
         holder, token, info = _ids(who)
-        d = lim.acquire(spec.subject, cost, holder=holder, token=token, info=info)
+        d = lim.acquire(spec.subject, share(lim, cost), holder=holder, token=token, info=info)
         handed += d.handed
         if d.allowed:
             held.append((lim, spec, d))
@@ -62,7 +64,9 @@ def acquire_all(
         handed += refund(held, cost)
         worst, worst_spec = d, spec
         for other, other_spec in limiters[i + 1 :] if d.capped is None else ():
-            p = other.peek(other_spec.subject, cost, holder=who.holder if who else None)
+            p = other.peek(
+                other_spec.subject, share(other, cost), holder=who.holder if who else None
+            )
             if not p.allowed and p.retry_after > worst.retry_after:
                 worst, worst_spec = p, other_spec  # the rest may need longer
         return Outcome(False, delay=worst.retry_after, now=d.now, spec=worst_spec, decision=worst)
@@ -71,7 +75,7 @@ def acquire_all(
 
 def claim_all(
     limiters: list[tuple[Limiter, LimitSpec]],
-    cost: int,
+    cost: Cost,
     slots: Mapping[str, list[int]],
     tolerance: float,
     early_sleep: float,
@@ -94,7 +98,13 @@ def claim_all(
             slot = Slot(*slots[key])
             holder, token, info = _ids(who)
             d = lim.claim(
-                spec.subject, slot, cost, tolerance=tol, holder=holder, token=token, info=info
+                spec.subject,
+                slot,
+                share(lim, cost),
+                tolerance=tol,
+                holder=holder,
+                token=token,
+                info=info,
             )
             handed += d.handed
             held.append((lim, spec, d))
@@ -141,7 +151,7 @@ def claim_all(
     # since a duplicate delivery of this message may already have run on them.
     for (lim, spec, d), key in zip(held, keys):
         if d.slot is not None and d.slot != Slot(*slots[key]):
-            handed += lim.refund(spec.subject, d, cost)  # a late claim's admission or booking
+            handed += lim.refund(spec.subject, d, share(lim, cost))  # a late claim's, taken
         elif d.hold is not None:  # on time, with a slot: only the slot goes back
             handed += lim.release(spec.subject, d.hold)[1]
     return None
@@ -165,7 +175,7 @@ def _worst(held: Held) -> tuple[LimitSpec, Decision]:
 
 def reserve_all(
     limiters: list[tuple[Limiter, LimitSpec]],
-    cost: int,
+    cost: Cost,
     tolerance: float,
     not_before: float | None = None,
     who: Who | None = None,
@@ -187,7 +197,7 @@ def reserve_all(
         for lim, spec in limiters:
             d = lim.reserve(
                 spec.subject,
-                cost,
+                share(lim, cost),
                 tolerance=tol,
                 not_before=None if target is None else target / 1e6,
                 holder=holder,

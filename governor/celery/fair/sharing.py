@@ -32,6 +32,7 @@ from ...errors import StorageUnavailable
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
+from ..metering.costs import fair_step
 from ..types import HEADER, Call, Deferred, LimitSpec, Outcome
 from ..waiting.republish import Republisher
 from .queue import FairQueue, copy_marks, fair_due_key
@@ -118,7 +119,7 @@ class FairSharing:
         queue = self.queue(spec)
         tenant = spec.tenant or ""
         text, waiting_state = self.republisher.message(call, spec.label)
-        step = call.cost / spec.config.weight(tenant)
+        step = fair_step(spec.config, call.cost) / spec.config.weight(tenant)
         try:  # the gate's fail_mode decides what Redis away means
             client.zadd(fair_due_key(self.settings.prefix), {queue.describe(): time.time()})
         except (RedisError, RedisClusterException) as exc:

@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from ...errors import ConfigError
-from ...upstream import status_of, wait_from_headers
+from ...upstream import Quota, quotas_from_headers, status_of, wait_from_headers
 
 __all__ = ["Backoff"]
 
@@ -52,10 +52,13 @@ class Backoff(Exception):
         self.retry_after = None if retry_after is None else float(retry_after)
         self.limit = limit
         self.reason = str(reason)[:200] if reason else "upstream backoff"
+        self.quotas: dict[str, Quota] = {}
+        """The upstream's counters its headers reported (from_response), folded into the
+        limits with meters of the call (see governor.celery.metering.sync)."""
         super().__init__(self.retry_after, limit, self.reason)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # pickled between processes
-        return _backoff, (self.retry_after, self.limit, self.reason)
+        return _backoff, (self.retry_after, self.limit, self.reason, self.quotas)
 
     def __str__(self) -> str:
         wait = "exponential" if self.retry_after is None else f"{self.retry_after:g}s"
@@ -77,8 +80,17 @@ class Backoff(Exception):
         if reason is None:
             status = status_of(response)
             reason = f"HTTP {status}" if status is not None else "upstream backoff"
-        return cls(wait, limit=limit, reason=reason)
+        backoff = cls(wait, limit=limit, reason=reason)
+        try:  # x-ratelimit-remaining-* and the like (bounded; nothing usable: none)
+            backoff.quotas = quotas_from_headers(response)
+        except Exception:
+            backoff.quotas = {}
+        return backoff
 
 
-def _backoff(retry_after: float | None, limit: str | None, reason: str) -> Backoff:
-    return Backoff(retry_after, limit=limit, reason=reason)
+def _backoff(
+    retry_after: float | None, limit: str | None, reason: str, quotas: Any = None
+) -> Backoff:
+    backoff = Backoff(retry_after, limit=limit, reason=reason)
+    backoff.quotas = dict(quotas or {})
+    return backoff

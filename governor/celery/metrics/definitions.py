@@ -39,6 +39,13 @@ metric                                      type       labels                  c
 ``governor_dead_lettered_total``            counter    ``kind``                waiting messages
                                                                                dead-lettered
 ``governor_dead_letters``                   gauge      (none)                  dead letters held
+``governor_meter_units_total``              counter    ``limit``, ``meter``,   units under
+                                                       ``kind``                meters (below)
+``governor_upstream_synced_units_total``    counter    ``limit``, ``meter``    units the
+                                                                               upstream's
+                                                                               headers charged
+``governor_spend_dollars_total``            counter    ``limit``, ``meter``    money settled
+                                                                               (``*usd_micro``)
 ==========================================  =========  ======================  =================
 
 - ``limit`` is the label the gate, its logs and the CLI use: ``queue:emails``,
@@ -61,6 +68,11 @@ metric                                      type       labels                  c
   message put there again is not counted again); ``governor_dead_letters`` is how many the
   place holds (read from Redis at each scrape, and set whenever a worker puts one there):
   alert on it, then ``governor dead-letters list`` (see docs/dead-letters.md).
+- ``governor_meter_units_total``: under limits with meters (docs/token-quotas.md), ``kind`` is
+  ``reserved`` (the estimates admitted calls counted), ``settled`` (the use tasks reported),
+  ``refunded`` (units settling gave back to their windows) or ``overrun`` (use beyond the
+  estimate, charged when settled). ``governor_spend_dollars_total`` counts the settled units of
+  a meter whose name ends in ``usd_micro`` as dollars (budgets in money).
 - ``governor_running`` sums the live pool processes of a worker (a process that exits drops
   out); ``governor_handover_seconds`` runs from the moment a process freed a slot and published
   the waiting call to the moment that call started.
@@ -240,6 +252,24 @@ class Metrics:
             multiprocess_mode="mostrecent",
             registry=registry,
         )
+        self.meter_units = Counter(
+            "governor_meter_units",
+            "Units under limits with meters: reserved, settled, refunded, overrun.",
+            ["limit", "meter", "kind"],
+            registry=registry,
+        )
+        self.upstream_synced = Counter(
+            "governor_upstream_synced_units",
+            "Units charged because the upstream reported less room than governor counted.",
+            ["limit", "meter"],
+            registry=registry,
+        )
+        self.spend = Counter(
+            "governor_spend_dollars",
+            "Money tasks settled under a meter of micro-dollars (a name ending in usd_micro).",
+            ["limit", "meter"],
+            registry=registry,
+        )
 
         self.tenant_wait: Histogram | None = None
         """Waits by tenant under fair limits: one series per tenant, so only on request
@@ -294,5 +324,8 @@ class Metrics:
             self.live_changes,
             self.dead_lettered,
             self.dead_letters,
+            self.meter_units,
+            self.upstream_synced,
+            self.spend,
             *([self.tenant_wait] if self.tenant_wait is not None else []),
         ]

@@ -114,6 +114,30 @@ def _dead_lettered(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
         m.dead_letters.set(float(count))
 
 
+def _reserved(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    for label, units in (kw.get("reserved") or {}).items():
+        for meter, n in units.items():
+            if n:
+                m.meter_units.labels(str(label), str(meter), "reserved").inc(n)
+
+
+def _settled(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    label = str(kw.get("limit") or "unknown")
+    for kind in ("settled", "refunded", "overrun"):
+        for meter, n in (kw.get(kind) or {}).items():
+            if n:
+                m.meter_units.labels(label, str(meter), kind).inc(n)
+    for meter, n in (kw.get("settled") or {}).items():
+        if n and str(meter).endswith("usd_micro"):
+            m.spend.labels(label, str(meter)).inc(n / 1e6)
+
+
+def _synced(m: Metrics, sender: Any, kw: dict[str, Any]) -> None:
+    charged = int(kw.get("charged") or 0)
+    if charged > 0:
+        m.upstream_synced.labels(str(kw.get("limit")), str(kw.get("meter"))).inc(charged)
+
+
 UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.task_admitted, _admitted),
     (signals.task_deferred, _deferred),
@@ -128,5 +152,8 @@ UPDATES: list[tuple[Any, Callable[[Metrics, Any, dict[str, Any]], None]]] = [
     (signals.limit_adapted, _adapted),
     (signals.live_limits_changed, _live_changed),
     (signals.message_dead_lettered, _dead_lettered),
+    (signals.units_reserved, _reserved),
+    (signals.task_settled, _settled),
+    (signals.quota_synced, _synced),
 ]
 """Which signal updates which metrics (receivers: :mod:`.metrics`)."""

@@ -69,9 +69,9 @@
     (all.length ? all : [null]).forEach((r, i) => {
       rows.push(el("tr", { "data-subject": s.subject },
         el("td", {}, i === 0 ? link : ""),
-        el("td", { class: "rule" }, r ? r.rule : ""),
+        el("td", { class: "rule" }, r ? (r.meter ? r.meter + " " + r.rule : r.rule) : ""),
         el("td", {}, r ? bar(r.used, r.limit) : ""),
-        el("td", { class: "num used" }, r ? r.used + "/" + r.limit : ""),
+        el("td", { class: "num used" }, r ? r.used_text || r.used + "/" + r.limit : ""),
         i === 0 ? el("td", { class: "num rate" }, s.rate === null ? "-" : s.rate.toFixed(2) + "/s") : el("td"),
         i === 0 ? el("td", { class: "spark" }, s.rate_limit !== null ? chart(s.history, s.rate_limit, 160, 36, 60, false) : "") : el("td"),
         i === 0 ? stateCell(s) : el("td")));
@@ -167,7 +167,8 @@
         ? el("p", { class: "more" }, "… " + (lim.matching_subjects - lim.subjects.length) + " more subjects: ", el("a", { href: limitHref(lim.label) }, "all of " + lim.label))
         : null;
       const capped = lim.subject_count_capped ? el("p", { class: "more" }, "more subjects exist than the dashboard examines per refresh") : null;
-      return el("section", { class: "limit", "data-label": lim.label }, head,
+      const meters = (lim.meter_lines || []).map((line) => el("p", { class: "more meters" }, line));
+      return el("section", { class: "limit", "data-label": lim.label }, head, ...meters,
         lim.subjects.length ? table : el("p", { class: "empty" }, "nothing counted in Redis"), more, capped);
     }
 
@@ -195,7 +196,7 @@
       updated(s); banner("");
       document.getElementById("rules-text").replaceChildren(s.rules_text || "rules unknown", " ", ...ruleMarks(s));
       document.getElementById("rules").replaceChildren(...s.rules.map((r) => el("tr", {},
-        el("td", {}, r.rule), el("td", {}, bar(r.used, r.limit)), el("td", { class: "num" }, r.used),
+        el("td", {}, r.meter ? r.meter + " " + r.rule : r.rule), el("td", {}, bar(r.used, r.limit)), el("td", { class: "num" }, r.used_text || r.used),
         el("td", { class: "num" }, r.limit), el("td", { class: "num" }, r.remaining),
         el("td", { class: "num" }, duration(r.next_free_in)), el("td", { class: "num" }, duration(r.fully_free_in)))));
       const box = document.getElementById("chart");
