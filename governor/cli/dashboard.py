@@ -6,7 +6,7 @@
     $ governor dashboard --port 9000 --host 0.0.0.0   # the limits found in Redis (rules unknown)
     $ governor -A proj dashboard --allow-writes       # adds block / unblock / reset buttons
 
-Needs the ``dashboard`` extra (``pip install 'governor[dashboard]'``). One background thread
+Needs the ``dashboard`` extra (``pip install 'celery-governor[dashboard]'``). One background thread
 reads Redis every ``--interval`` (see :mod:`governor.dashboard.sampler` for the cost of one
 refresh); every open page polls that one reading, so more browsers add no Redis load.
 """
