@@ -28,6 +28,9 @@ from governor.cli import cli
 from governor.connect import ClientUnavailable, close_client, mask_url, target
 from governor.direct import lane_for
 
+# the versions matrix (noxfile.py) runs this file: Sentinel (limiter, worker, CLI), URL forms
+pytestmark = pytest.mark.compat
+
 MASTER = "governor"
 FACTORY_URL: list[str] = []
 """Where :func:`make_client` connects (set by the test that uses it)."""

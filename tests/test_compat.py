@@ -1,0 +1,77 @@
+"""The Celery internals governor relies on, checked where the rest of the suite only sees their
+effect; part of the versions matrix (noxfile.py, the ``compat`` marker).
+
+A message known to be denied is deferred in the worker's main process before it reaches the
+pool: governor's request class wraps the ``execute_using_pool`` that Celery's per-task request
+subclass (``create_request_cls``) defines, and leaves Celery's dispatch by raising
+``TaskRevokedError`` (``_skip_pool``), which ``WorkController._process_task`` catches, giving the
+prefork pool's semaphore slot back. A Celery version that stopped defining that method, or
+stopped catching that error, would send every denial through the pool (the first test fails)
+or stall a prefork worker after its first early deferral (the second test fails).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import pytest
+from celery import current_task
+
+from celery_helpers import Recorder, most_in_window, new_app, wait_for, worker
+from conftest import ServerHandle
+from governor.celery import Governor, signals
+
+pytestmark = pytest.mark.compat
+
+
+def test_known_denials_are_deferred_before_the_pool(redis_server: ServerHandle) -> None:
+    """Under "4/m", four run; four more sent then are known denied: the worker's main thread
+    defers them (outside Celery's tracer) before the pool sees them."""
+    q = f"cp-{uuid.uuid4().hex[:8]}"
+    app = new_app(redis_server.url(), q, governor_queues={q: "4/m"})
+    Governor(app)
+    rec = Recorder(redis_server.url())
+    where: list[str] = []
+
+    def deferred(**_: Any) -> None:
+        # a pool thread runs the gate inside Celery's tracer, with the task on its stack
+        where.append("pool" if current_task else "main")
+
+    @app.task(shared=False)
+    def job(n: int) -> None:
+        rec.add(n=n)
+
+    signals.task_deferred.connect(deferred, weak=False)
+    try:
+        with worker(app, [q], concurrency=1):
+            for n in range(4):
+                job.delay(n)
+            seen = rec.wait(4, timeout=15)
+            for n in range(4, 8):
+                job.delay(n)
+            wait_for(lambda: list(where), lambda w: len(w) >= 4, timeout=15)
+    finally:
+        signals.task_deferred.disconnect(deferred)
+    assert sorted(r["n"] for r in seen) == list(range(4))
+    assert where == ["main"] * 4, where
+
+
+@pytest.mark.worker
+def test_early_deferrals_give_the_prefork_pool_its_slot_back(
+    nodes_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One prefork node with ONE pool process: after a prefetched backlog's first four run,
+    the rest are deferred early (the DEBUG log names the process: MainProcess) and all run."""
+    monkeypatch.setenv("GT_LOGLEVEL", "DEBUG")
+    queue = f"cp-{uuid.uuid4().hex[:6]}"
+    nodes = nodes_factory({queue: "4/s"})
+    nodes.start(1, concurrency=1, queues=[queue])
+    nodes.publish(queue, 16)
+    runs = nodes.wait_runs(16, timeout=30)
+    log = nodes.log_text()
+    assert not nodes.failures(), nodes.failures()[:3]
+    assert sorted(r["n"] for r in runs) == list(range(16)), log[-3000:]
+    assert most_in_window(sorted(r["t"] for r in runs), 1.0) <= 4 + 1
+    assert re.search(r"/MainProcess\] governor: \S+ deferred", log), log[-3000:]
