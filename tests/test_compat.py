@@ -7,7 +7,9 @@ subclass (``create_request_cls``) defines, and leaves Celery's dispatch by raisi
 ``TaskRevokedError`` (``_skip_pool``), which ``WorkController._process_task`` catches, giving the
 prefork pool's semaphore slot back. A Celery version that stopped defining that method, or
 stopped catching that error, would send every denial through the pool (the first test fails)
-or stall a prefork worker after its first early deferral (the second test fails).
+or stall a prefork worker after its first early deferral (the second test fails). And on
+kombu < 5.7 a threads worker's loop needs governor's tick (governor/celery/hub_tick.py) to send
+the acknowledgements its pool threads queue.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from celery import current_task
 from celery_helpers import Recorder, most_in_window, new_app, wait_for, worker
 from conftest import ServerHandle
 from governor.celery import Governor, signals
+from governor.celery.hub_tick import needs_tick
 
 pytestmark = pytest.mark.compat
 
@@ -75,3 +78,36 @@ def test_early_deferrals_give_the_prefork_pool_its_slot_back(
     assert sorted(r["n"] for r in runs) == list(range(16)), log[-3000:]
     assert most_in_window(sorted(r["t"] for r in runs), 1.0) <= 4 + 1
     assert re.search(r"/MainProcess\] governor: \S+ deferred", log), log[-3000:]
+
+
+def test_held_acknowledgements_do_not_stall_a_threads_worker(redis_server: ServerHandle) -> None:
+    """A governed message's ack is held until its body ends, then queued on the worker's loop
+    by a pool thread; with prefetch 1 the next message comes once the loop has sent it. kombu
+    < 5.7 does not wake the loop for it (up to 10 s a message): governor's hub tick does."""
+    q = f"cp-{uuid.uuid4().hex[:8]}"
+    app = new_app(redis_server.url(), q, governor_queues={q: "100/s"}, worker_prefetch_multiplier=1)
+    Governor(app)
+    rec = Recorder(redis_server.url())
+
+    @app.task(shared=False)
+    def job(n: int) -> None:
+        rec.add(n=n)
+
+    with worker(app, [q], concurrency=1):
+        for n in range(8):
+            job.delay(n)
+        seen = rec.wait(8, timeout=10)
+    assert sorted(r["n"] for r in seen) == list(range(8))
+
+
+def test_the_tick_is_for_the_threads_pool_on_a_hub_without_a_waker() -> None:
+    from celery.concurrency import prefork, solo, thread
+
+    class OldHub: ...
+
+    class NewHub:
+        def _create_waker(self) -> None: ...
+
+    assert needs_tick(thread.TaskPool, OldHub)
+    assert not needs_tick(thread.TaskPool, NewHub)
+    assert not needs_tick(prefork.TaskPool, OldHub) and not needs_tick(solo.TaskPool, OldHub)

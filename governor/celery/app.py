@@ -31,6 +31,7 @@ from ..deployment import volatile_servers
 from ..errors import ConfigError
 from . import registry
 from .gate import Gate
+from .hub_tick import HubTickStep
 from .limits import validate_task
 from .releaser import ReleaserStep
 from .request import governed_request_class
@@ -72,6 +73,7 @@ class Governor:
         app.finalize = finalize_and_validate
         celery_signals.worker_init.connect(self._on_worker_init, weak=False)
         app.steps["worker"].add(ReleaserStep)
+        app.steps["worker"].add(HubTickStep)  # kombu < 5.7, threads pool: see .hub_tick
         if app.finalized:
             self._validate()
 
