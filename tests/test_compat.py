@@ -111,3 +111,22 @@ def test_the_tick_is_for_the_threads_pool_on_a_hub_without_a_waker() -> None:
     assert needs_tick(thread.TaskPool, OldHub)
     assert not needs_tick(thread.TaskPool, NewHub)
     assert not needs_tick(prefork.TaskPool, OldHub) and not needs_tick(solo.TaskPool, OldHub)
+
+
+def test_every_governed_app_in_a_process_gets_its_worker_setup(redis_server: ServerHandle) -> None:
+    """Celery < 5.7 keys a signal receiver that is a bound method by its function alone: the
+    worker_init of a second Governor in the process was dropped (its worker ran ungoverned)."""
+    from governor.celery.request import GovernedRequestMixin
+
+    apps = [new_app(redis_server.url(), f"cp-{uuid.uuid4().hex[:8]}") for _ in range(2)]
+    jobs = []
+
+    def job() -> None: ...
+
+    for app in apps:
+        Governor(app)
+        app.conf.governor_queues = {app.conf.task_default_queue: "5/s"}
+        jobs.append(app.task(shared=False, name=f"{app.main}.job")(job))
+    for app, job in zip(apps, jobs):
+        with worker(app, [app.conf.task_default_queue]):
+            assert issubclass(app.tasks[job.name].Request, GovernedRequestMixin), app.main
