@@ -33,12 +33,18 @@ from governor.celery.limit_config import limit_config
 from governor.celery.settings import load_settings
 from governor.celery.store import Store
 from governor.cli import cli
+from governor.connect import cluster_supported
 from governor.direct import lane_for
 from governor.embedded import find_redis_server, free_port
 from governor.plan import most_in_window
 
 # the versions matrix (noxfile.py) runs this file: RedisCluster (sync, asyncio, Celery, CLI)
 pytestmark = pytest.mark.compat
+NEEDS_TRANSACTIONS = pytest.mark.skipif(
+    not cluster_supported(), reason="a Redis Cluster needs redis-py 6.1 (transactions)"
+)
+"""Tests of what runs transactions on the cluster (parking, live limits) or connects through
+governor_redis_cluster / --cluster, which refuse an older redis-py."""
 
 ALL = ["sliding_log", "gcra", "token_bucket", "fixed_window", "sliding_window"]
 T0 = 1_700_000_000.0  # 20 s into a minute: fixed windows of a second and a minute stay put
@@ -363,6 +369,7 @@ def test_asyncio_cluster_gives_the_same_answers(
 # -- governor's settings, the Celery integration, the CLI and doctor on the cluster -----------
 
 
+@NEEDS_TRANSACTIONS
 def test_a_celery_app_decides_on_the_cluster(
     cluster: LocalCluster, redis_server: ServerHandle
 ) -> None:
@@ -416,6 +423,7 @@ def _invoke(*args: str) -> Any:
     return runner.invoke(cli, list(args), catch_exceptions=False)
 
 
+@NEEDS_TRANSACTIONS
 def test_cli_and_doctor_on_the_cluster(
     cluster: LocalCluster, rc: RedisCluster, prefix: str
 ) -> None:
@@ -465,6 +473,7 @@ def test_cli_and_doctor_on_the_cluster(
     )
 
 
+@NEEDS_TRANSACTIONS
 def test_parking_shards_spread_over_the_cluster(rc: RedisCluster, prefix: str) -> None:
     from governor.celery import parking
 

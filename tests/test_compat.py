@@ -130,3 +130,26 @@ def test_every_governed_app_in_a_process_gets_its_worker_setup(redis_server: Ser
     for app, job in zip(apps, jobs):
         with worker(app, [app.conf.task_default_queue]):
             assert issubclass(app.tasks[job.name].Request, GovernedRequestMixin), app.main
+
+
+def test_a_cluster_refuses_redis_py_without_cluster_transactions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py < 6.1 refuses transactions on a RedisCluster, which parked tasks and live
+    limits run: governor_redis_cluster (and --cluster) say so when the settings are read."""
+    import redis
+
+    from governor import ConfigError
+    from governor.connect import cluster_supported, target
+
+    for version, supported in [
+        ("5.3.1", False),
+        ("6.0.0", False),
+        ("6.1.0", True),
+        ("8.1.0", True),
+    ]:
+        monkeypatch.setattr(redis, "__version__", version)
+        assert cluster_supported() is supported
+    monkeypatch.setattr(redis, "__version__", "6.0.0")
+    with pytest.raises(ConfigError, match=r"needs redis-py 6\.1 or later .* this is redis-py 6\.0"):
+        target("redis://h1:7000,h2:7000", cluster=True)
