@@ -3,8 +3,8 @@
 Celery acknowledges a message on the worker's event loop (kombu's hub): a pool thread that
 acknowledges one only queues the ack there (``hub.call_soon``). Before kombu 5.7 nothing wakes
 the loop for it, so while the prefetch window is full the loop sleeps until its next timer, up
-to 10 s, and takes no message meanwhile. Plain Celery on the threads pool stalls so too (10
-no-op tasks, prefetch 4: five ran, then nothing for 10 s, Celery 5.3.6 and kombu 5.3.7); a
+to 10 s, and takes no message meanwhile. Plain Celery on the threads pool stalls so too (ten
+50 ms tasks, prefetch 4: five ran, then nothing for 10 s, Celery 5.3.6 and kombu 5.3.7); a
 governed message's acknowledgement is held until its body ends (see .request), so every one
 of them ends with such an ack and a backlog stalls at once. kombu 5.7 wakes the loop itself
 (its hub has a waker); on older ones this step gives the loop a timer every ``TICK`` seconds.
