@@ -23,6 +23,7 @@ the sentinels' own connections, e.g. ``{"password": ...}``; the socket timeouts 
 
 A cluster URL lists startup nodes separated by commas (any reachable one is enough); user,
 password, TLS (``rediss``) and query options apply to every node; a cluster has only database 0.
+A cluster needs redis-py 6.1 or later (:data:`CLUSTER_REDIS_PY`).
 
 A factory is for anything else (TLS client certificates, IAM tokens, a custom pool): it is called
 with no arguments in each process that needs a client (again after a fork), and governor's socket
@@ -42,18 +43,21 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
+import redis
 from redis.connection import SSLConnection, parse_url
 
 from .errors import ConfigError
 from .redis_target import ClientUnavailable, RedisTarget, close_client, mask_url
 
 __all__ = [
+    "CLUSTER_REDIS_PY",
     "SENTINEL_OPTIONS",
     "SETTINGS",
     "ClientUnavailable",
     "Names",
     "RedisTarget",
     "close_client",
+    "cluster_supported",
     "is_sentinel_url",
     "load_factory",
     "mask_url",
@@ -64,6 +68,10 @@ SENTINEL_PORT = 26379
 REDIS_PORT = 6379
 SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
 """The transport options governor reads (kombu's names); others are an error."""
+CLUSTER_REDIS_PY = (6, 1)
+"""redis-py runs transactions (MULTI/EXEC on one slot) on a RedisCluster from 6.1 on (before, it
+refuses them: "transaction is deprecated in cluster mode"); parked tasks and live limits use
+them, so a cluster target asks for it."""
 _CLUSTER_URL = re.compile(r"(rediss?)://(?:([^/?#]*)@)?([^/?#]*)(/[^?#]*)?(\?[^#]*)?")
 
 
@@ -288,7 +296,19 @@ def _cluster(url: str, names: Names) -> RedisTarget:
         params.pop(key, None)
     if params.pop("connection_class", None) is SSLConnection:
         params["ssl"] = True
+    if not cluster_supported():
+        raise ConfigError(
+            f"{names.cluster}: a Redis Cluster needs redis-py 6.1 or later (governor runs "
+            "transactions on a cluster's slots for parked tasks and live limits); this is "
+            f"redis-py {redis.__version__}"
+        )
     return RedisTarget("cluster", url, nodes=tuple(nodes), params=params)
+
+
+def cluster_supported() -> bool:
+    """Whether the installed redis-py runs transactions on a cluster (:data:`CLUSTER_REDIS_PY`)."""
+    found = tuple(int(part) for part in re.findall(r"\d+", redis.__version__)[:2])
+    return found >= CLUSTER_REDIS_PY
 
 
 def load_factory(path: str, setting: str) -> Callable[[], Any]:

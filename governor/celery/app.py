@@ -34,6 +34,7 @@ from .admission.gate import Gate
 from .bootstep import ReleaserStep
 from .config.settings import Settings, load_settings
 from .config.task_limits import validate_task
+from .hub_tick import HubTickStep
 from .patches import hide_deferral_logs, mix_into_task, wrap_finalize
 from .request import governed_request_class
 from .task import GovernedMixin, GovernedTask, watch_backoff
@@ -54,8 +55,13 @@ class Governor:
         self._gate: Gate | None = None
         registry.register(app, self)
         wrap_finalize(app, self._validate)
-        celery_signals.worker_init.connect(self._on_worker_init, weak=False)
+        # a dispatch_uid per instance: Celery < 5.7 keys a bound method by its function alone,
+        # so a second Governor in the process (another app) was never connected
+        celery_signals.worker_init.connect(
+            self._on_worker_init, weak=False, dispatch_uid=self._uid("worker_init")
+        )
         app.steps["worker"].add(ReleaserStep)
+        app.steps["worker"].add(HubTickStep)  # kombu < 5.7, threads pool: see .hub_tick
         if app.finalized:
             self._validate()
 
@@ -158,9 +164,12 @@ class Governor:
             logger.critical("governor: %s", exc)
             raise SystemExit(f"governor: {exc}") from exc
         installed = [task.name for task in self.app.tasks.values() if self.install(task)]
-        celery_signals.worker_process_shutdown.connect(self._release_leases, weak=False)
-        celery_signals.worker_shutdown.connect(self._release_leases, weak=False)
-        celery_signals.task_postrun.connect(self._task_done, weak=False)
+        for signal, receiver in (
+            (celery_signals.worker_process_shutdown, self._release_leases),
+            (celery_signals.worker_shutdown, self._release_leases),
+            (celery_signals.task_postrun, self._task_done),
+        ):
+            signal.connect(receiver, weak=False, dispatch_uid=self._uid(signal.name))
         hide_deferral_logs()
         settings = self.settings
         if settings.metrics_port is not None:
@@ -248,6 +257,10 @@ class Governor:
         if self._gate is not None and getattr(sender, "app", None) is self.app:
             self._gate.holding.release(sender, task_id)
             self._gate.reservations.done(task_id)
+
+    def _uid(self, signal_name: str) -> str:
+        """This instance's ``dispatch_uid`` for a Celery signal (see ``__init__``)."""
+        return f"governor.{id(self)}.{signal_name}"
 
     def _is_mine(self, sender: Any) -> bool:
         return getattr(sender, "app", None) is self.app

@@ -19,7 +19,8 @@ def load_app(spec: str) -> Any:
         from celery.app.utils import find_app
     except ImportError:
         raise CliError(
-            "-A needs Celery: install governor's celery extra (pip install -e '.[celery]')"
+            "-A needs Celery: install governor's celery extra "
+            "(pip install 'celery-governor[celery]')"
         ) from None
     module, colon, attr = spec.partition(":")
     try:

@@ -314,9 +314,9 @@ class GovernorGroup(click.Group):
 def _unavailable(name: str, exc: ImportError) -> click.Command:
     missing = exc.name or str(exc)
     if missing.startswith("rich"):
-        hint = "install governor's cli extra (pip install -e '.[cli]')"
+        hint = "install governor's cli extra (pip install 'celery-governor[cli]')"
     elif missing.split(".")[0] in ("flask", "werkzeug", "jinja2", "markupsafe"):
-        hint = "install governor's dashboard extra (pip install -e '.[dashboard]')"
+        hint = "install governor's dashboard extra (pip install 'celery-governor[dashboard]')"
     else:
         hint = f"install {missing}"
 

@@ -7,7 +7,7 @@
     $ GOVERNOR_DASHBOARD_TOKEN=... governor -A proj dashboard --host 0.0.0.0 \
           --allowed-host dash.example.com --allow-writes    # others: a token, see below
 
-Needs the ``dashboard`` extra (``pip install 'governor[dashboard]'``). One background thread
+Needs the ``dashboard`` extra (``pip install 'celery-governor[dashboard]'``). One background thread
 reads Redis every ``--interval`` (see :mod:`governor.dashboard.sampler` for the cost of one
 refresh); every open page polls that one reading, so more browsers add no Redis load.
 

@@ -36,7 +36,8 @@ def _live(state: State) -> Any:
         from ..celery.config.live import LiveLimits
     except ImportError:
         raise CliError(
-            "live limits need Celery: install governor's celery extra (pip install -e '.[celery]')"
+            "live limits need Celery: install governor's celery extra "
+            "(pip install 'celery-governor[celery]')"
         ) from None
     return LiveLimits(state.client, state.prefix)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from celery import chain, chord, group
 
 from governor.celery import Governor, signals
@@ -13,6 +14,7 @@ from support.celery_helpers import Recorder, new_app, worker
 from support.servers import ServerHandle
 
 
+@pytest.mark.compat
 def test_chains_chords_and_groups_under_a_limit(redis_server: ServerHandle) -> None:
     q = f"cv-{uuid.uuid4().hex[:6]}"
     base = redis_server.url().rsplit("/", 1)[0]

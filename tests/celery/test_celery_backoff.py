@@ -34,7 +34,9 @@ class Pauses:
         signals.limit_paused.disconnect(self.receive)
 
 
-@pytest.mark.parametrize("headers", ["retry-after", "ratelimit"])
+@pytest.mark.parametrize(
+    "headers", [pytest.param("retry-after", marks=pytest.mark.compat), "ratelimit"]
+)
 def test_a_429_pauses_the_limit_for_every_task(redis_server: ServerHandle, headers: str) -> None:
     q = queue_name()
     app = new_app(redis_server.url(), q, governor_queues={q: "100/s"})  # the app's guess
@@ -132,6 +134,7 @@ def test_backoff_names_the_limit_it_pauses(redis_server: ServerHandle, named: st
     assert sorted(p["limit"] for p in pauses.seen) == sorted(expected)
 
 
+@pytest.mark.compat
 def test_eager_and_direct_calls_raise_it(redis_server: ServerHandle) -> None:
     q = queue_name()
     app = new_app(redis_server.url(), q, governor_queues={q: "100/s"})

@@ -169,6 +169,7 @@ def test_per_key_caps(redis_server: ServerHandle) -> None:
     assert most_at_once(runs) == 2  # the two accounts ran side by side
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("ending", ["error", "retry", "ignore", "reject"])
 def test_a_slot_is_given_back_however_the_body_ends(
     redis_server: ServerHandle, ending: str

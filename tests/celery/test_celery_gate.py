@@ -19,6 +19,7 @@ def queue_name() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.mark.compat
 def test_queue_quota_holds_for_a_plain_task(redis_server: ServerHandle) -> None:
     q = queue_name()
     app = new_app(redis_server.url(), q, governor_queues={q: "5/s"})
@@ -121,6 +122,7 @@ def test_a_denial_burns_nothing_in_the_other_limits(redis_server: ServerHandle) 
     assert used == 1, used
 
 
+@pytest.mark.compat
 def test_message_is_kept_and_retries_are_not_eaten(redis_server: ServerHandle) -> None:
     q = queue_name()
     app = new_app(redis_server.url(), q, governor_queues={q: "1/s"})
@@ -214,6 +216,7 @@ def test_cost_above_the_limit_fails_clearly(
     assert failures and "can never run" in str(failures[0]) and "3/s" in str(failures[0])
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(
     ("conf", "mentions"),
     [
@@ -233,6 +236,7 @@ def test_bad_settings_fail_when_the_app_finalizes(
     assert mentions in config_error(redis_server.url(), **conf)
 
 
+@pytest.mark.compat
 def test_bad_task_options_fail_when_the_app_finalizes(redis_server: ServerHandle) -> None:
     app = new_app(redis_server.url(), "q")
     governor = Governor(app)
@@ -264,6 +268,7 @@ def test_no_redis_to_be_found(redis_server: ServerHandle) -> None:
         app.finalize()
 
 
+@pytest.mark.compat
 def test_denied_tasks_do_not_hold_the_worker(redis_server: ServerHandle) -> None:
     governed, other = queue_name(), queue_name()
     app = new_app(
@@ -289,6 +294,7 @@ def test_denied_tasks_do_not_hold_the_worker(redis_server: ServerHandle) -> None
     assert sum(1 for r in seen if r["kind"] == "governed") == 1
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("fail_mode", ["closed", "open"])
 def test_redis_outage(redis_server: ServerHandle, fail_mode: str) -> None:
     """governor's own redis-server is stopped: "closed" holds the task back (re-published after
@@ -373,6 +379,7 @@ def test_submit_batch_books_every_call_before_sending(redis_server: ServerHandle
     assert max(dues) - started > 1.5  # the last ones were parked and released
 
 
+@pytest.mark.compat
 def test_a_governed_task_without_governor_app(redis_server: ServerHandle) -> None:
     """``base=GovernedTask`` alone is enough: the worker installs governor (gate, held
     acknowledgements, the releaser of parked tasks) when it starts."""
@@ -425,6 +432,7 @@ def test_a_released_copy_runs_once_and_its_redelivery_runs(redis_server: ServerH
     assert sorted(r["n"] for r in rec.all()) == [0, 2]
 
 
+@pytest.mark.compat
 def test_a_revoked_task_is_not_deferred(redis_server: ServerHandle) -> None:
     """A task revoked while its ETA was pending, that a limit would defer when it comes due,
     is discarded as Celery discards it, not re-published to wait."""
@@ -534,6 +542,7 @@ def test_submit_batch_with_no_lead_time_spends_each_admission_once(
     assert max(r["t"] for r in rec.all()) - min(r["t"] for r in rec.all()) < 1.0
 
 
+@pytest.mark.compat
 def test_early_deferral_pauses_while_redis_is_down(redis_server: ServerHandle) -> None:
     """The worker's main process peeks Redis before handing a message to the pool; when Redis
     is down it stops peeking for a while (the pool decides, with the fail_mode), rather than

@@ -409,7 +409,7 @@ APP_MODULE = textwrap.dedent(
 
 
     @governor.task(
-        "5/s", key=lambda customer_id, **_: customer_id, limit_name="partner-api", shared=False
+        "5/m", key=lambda customer_id, **_: customer_id, limit_name="partner-api", shared=False
     )
     def call_partner(customer_id):
         pass
@@ -417,6 +417,7 @@ APP_MODULE = textwrap.dedent(
 )
 
 
+@pytest.mark.compat
 def test_celery_sub_command(url: str, prefix: str, tmp_path: Path, r: redis.Redis) -> None:
     """``celery -A proj governor status``: through Celery's plugin entry point."""
     (tmp_path / "cliproj.py").write_text(APP_MODULE)

@@ -324,4 +324,4 @@ def test_usage_errors_start_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     missing = runner.invoke(cli, ["demo"])
     assert missing.exit_code == 2
-    assert "'rich'" in missing.output and "pip install -e '.[demo]'" in missing.output
+    assert "'rich'" in missing.output and "pip install 'celery-governor[demo]'" in missing.output

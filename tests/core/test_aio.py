@@ -10,6 +10,9 @@ import redis.asyncio as aioredis
 
 from governor import Limiter, StateError, aio
 
+# the versions matrix (noxfile.py) runs this file: the redis.asyncio client path
+pytestmark = pytest.mark.compat
+
 ALL = ["sliding_log", "gcra", "token_bucket", "fixed_window", "sliding_window"]
 T0 = 1_700_000_000.0
 

