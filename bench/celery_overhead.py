@@ -66,6 +66,8 @@ ENV_LIMIT = "GOVERNOR_BENCH_LIMIT"
 """``rules@algorithm`` for the queue's quota; empty: governor installed without one."""
 ENV_LEASE = "GOVERNOR_BENCH_LEASE_SPAN"
 """``governor_lease_span`` for the governed worker (unset: governor's default)."""
+ENV_PROFILE = "GOVERNOR_BENCH_PROFILE"
+"""A directory: the worker's processes write cProfile stats there (``--profile``)."""
 
 
 # -- the workers' app (only when a bench worker imports this module) -------------------------
@@ -93,6 +95,13 @@ if os.environ.get(ENV_BROKER):
         def _count_admission(sender: Any = None, **_: Any) -> None:
             _admitted[0] += 1
 
+    _tick: Any = None
+    if os.environ.get(ENV_PROFILE):
+        from bench.profiling import profile_worker, tick
+
+        profile_worker(os.environ[ENV_PROFILE])
+        _tick = tick
+
     _records: dict[int, redis.Redis] = {}
 
     @app.task(bind=True, name=TASK)  # type: ignore[untyped-decorator]
@@ -113,6 +122,8 @@ if os.environ.get(ENV_BROKER):
         pipe.incrby(f"{run}:waited", 1 if waits else 0)
         pipe.incr(f"{run}:done")
         pipe.execute()
+        if _tick is not None:
+            _tick()
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -294,6 +305,8 @@ def measure(variant: str, n: int, args: argparse.Namespace, ctx: dict[str, Any])
         env[ENV_LIMIT] = f"{args.rule}@{args.algorithm}"
         if args.lease_span is not None:
             env[ENV_LEASE] = str(args.lease_span)
+    if args.profile:
+        env[ENV_PROFILE] = os.path.abspath(args.profile)
     name = f"govbench-{variant}-{n + 1}"
     workers: Workers = ctx["workers"]
     scripts_before = script_stats(client)
@@ -577,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
         help="governor_lease_span of the governed worker (governor's default; 0: a Redis "
         "decision for every task)",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile the workers (cProfile, main and pool processes) into DIR; read it with "
+        "python -m bench.profiling DIR (CPU figures are then cProfile's, not the real ones)",
+    )
     parser.add_argument("--timeout", type=float, help="seconds a round may take (tasks/20, >= 60)")
     args = parser.parse_args(argv)
     if args.tasks < 1 or args.rounds < 1 or args.concurrency < 1:
@@ -585,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rule = LOG_RULE if args.algorithm == "sliding_log" else RULE
     if args.timeout is None:
         args.timeout = max(60.0, args.tasks / 20)
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
 
     def interrupted(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
