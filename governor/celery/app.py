@@ -160,7 +160,6 @@ class Governor:
         installed = [task.name for task in self.app.tasks.values() if self.install(task)]
         celery_signals.worker_process_shutdown.connect(self._release_leases, weak=False)
         celery_signals.worker_shutdown.connect(self._release_leases, weak=False)
-        celery_signals.task_postrun.connect(self._task_done, weak=False)
         hide_deferral_logs()
         settings = self.settings
         if settings.metrics_port is not None:
@@ -229,11 +228,6 @@ class Governor:
                 self._gate.holding.release_all()
             except Exception as exc:  # shutting down: what stays counted only makes it stricter
                 logger.warning("governor: could not give back leased admissions: %s", exc)
-
-    def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
-        """A task's body ended (in the process that ran it): its concurrency slots go back."""
-        if self._gate is not None and getattr(sender, "app", None) is self.app:
-            self._gate.holding.release(sender, task_id)
 
     def _is_mine(self, sender: Any) -> bool:
         return getattr(sender, "app", None) is self.app
