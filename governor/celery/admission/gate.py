@@ -248,12 +248,6 @@ class Gate:
 
     def _admitted(self, call: Call, outcome: Outcome) -> None:
         state, request = call.state, call.request
-        lateness = None
-        if state.slots is not None:
-            lateness = max(d.now - d.slot.start for _, _, d in outcome.held if d.slot)
-        # when the rules counted it: a booking's slot start; an admission's slot starts at its
-        # decision's time (limits with only a concurrency cap count no rate)
-        counted = [d.slot.start if d.slot else d.now for _, s, d in outcome.held if s.config.rules]
         if state.slots is not None or state.since is not None or state.woken is not None:
             # used up: a retry of this task (self.retry copies the headers) must neither claim
             # these bookings nor count its governance wait from this one's first deferral
@@ -263,6 +257,21 @@ class Gate:
                 "since": None,
                 "woken": None,
             }
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "governor: %s admitted by %s after %d waits",
+                call.name,
+                ", ".join(s.label for s in call.specs),
+                state.waits,
+            )
+        if not signals.task_admitted.receivers:  # no one listens: nothing to work out for it
+            return
+        lateness = None
+        if state.slots is not None:
+            lateness = max(d.now - d.slot.start for _, _, d in outcome.held if d.slot)
+        # when the rules counted it: a booking's slot start; an admission's slot starts at its
+        # decision's time (limits with only a concurrency cap count no rate)
+        counted = [d.slot.start if d.slot else d.now for _, s, d in outcome.held if s.config.rules]
         labels = [s.label for s in call.specs]
         spec = fair_spec(call)
         fair = None
@@ -277,13 +286,6 @@ class Gate:
             fair=fair,
             counted_at=min(counted, default=None),
         )
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "governor: %s admitted by %s after %d waits",
-                call.name,
-                ", ".join(labels),
-                state.waits,
-            )
 
 
 def who_for(call: Call) -> Who | None:
