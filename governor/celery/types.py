@@ -199,7 +199,7 @@ class WaitState:
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
         raw = (getattr(request, "headers", None) or {}).get(HEADER)
-        if not isinstance(raw, Mapping):
+        if raw is None or not isinstance(raw, Mapping):  # (None first: a quick test)
             return cls()
         slots = raw.get("slots")
         return cls(

@@ -1,14 +1,15 @@
 """What governs one call of a task: its limits (queue, task, key), its cost, its wait state.
 
 :class:`Calls` works that out for the gate and for early deferral, caching what does not
-depend on the arguments (a task's options, the limits of each task and route). A
-:class:`Call` is the result: everything the admission steps need about one call.
+depend on the arguments (a task's options, the limits of each task and route, with the live
+limits applied until they change). A :class:`Call` is the result: everything the admission
+steps need about one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config.live import LiveView
@@ -31,6 +32,20 @@ ROUTES = 10_000
 are open-ended (topic exchanges), so past that it starts afresh."""
 
 
+@dataclass(frozen=True, slots=True)
+class _RouteLimits:
+    """The limits of one route, live limits applied, for one view of the live limits."""
+
+    specs: tuple[LimitSpec, ...]
+    """Enforced, queue first."""
+    shadows: tuple[LimitSpec, ...]
+    fair: bool
+    configs: object
+    """The live view's configs and factors these were worked out from (compared by identity:
+    a change of the live limits replaces them)."""
+    factors: object
+
+
 class Calls:
     """Works out what governs each call; one per gate (per process)."""
 
@@ -41,6 +56,7 @@ class Calls:
         """Live limits (:mod:`..config.live`) replace the configured ones they name."""
         self._options: dict[str, TaskOptions] = {}
         self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
+        self._live: dict[tuple[Any, ...], _RouteLimits] = {}
 
     def options(self, task: Any) -> TaskOptions:
         """A task's governor options, read once per task (they are fixed after start-up)."""
@@ -62,15 +78,37 @@ class Calls:
     def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
         """The enforced limits that do not depend on the arguments: the queue's, then the
         task's (shadow limits left out)."""
-        specs = self._configured(task, delivery_info)
-        specs = self.live.apply(specs) if self.live is not None else specs
-        return [s for s in specs if not s.config.shadow]
+        return list(self._route_limits(task, delivery_info).specs)
 
-    def _configured(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
-        """:meth:`fixed_specs` as configured (worked out once per task and route: every message
-        asks, in both processes)."""
-        info = delivery_info or {}
-        route = (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
+    def _route_limits(self, task: Any, delivery_info: Mapping[str, Any] | None) -> _RouteLimits:
+        """:meth:`fixed_specs` and the route's shadow limits, live limits applied: worked out
+        again only when the live limits change (every call asks, in both processes)."""
+        live = self.live
+        configs, factors = live.current() if live is not None else (None, None)
+        route = _route_of(task, delivery_info)
+        known = self._live.get(route)
+        if known is not None and known.configs is configs and known.factors is factors:
+            return known
+        configured = self._configured(task, delivery_info, route)
+        specs = list(configured) if live is None else live.apply(list(configured))
+        limits = _RouteLimits(
+            specs=tuple(s for s in specs if not s.config.shadow),
+            shadows=tuple(s for s in specs if s.config.shadow),
+            fair=any(s.config.fair_by is not None for s in specs),
+            configs=configs,
+            factors=factors,
+        )
+        if not (factors and any(s.config.adaptive and s.label in factors for s in specs)):
+            # (an adaptive limit with a factor climbs back with time: worked out every call)
+            if len(self._live) > ROUTES:
+                self._live.clear()
+            self._live[route] = limits
+        return limits
+
+    def _configured(
+        self, task: Any, delivery_info: Mapping[str, Any] | None, route: tuple[Any, ...]
+    ) -> tuple[LimitSpec, ...]:
+        """The queue's and the task's limits as configured (once per task and route)."""
         specs = self._fixed.get(route)
         if specs is None:
             out = []
@@ -84,13 +122,14 @@ class Calls:
             if len(self._fixed) > ROUTES:
                 self._fixed.clear()
             self._fixed[route] = specs
-        return list(specs)
+        return specs
 
     def specs(
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> list[LimitSpec]:
         """Every limit that governs this call, queue first."""
-        out = self._configured(task, getattr(request, "delivery_info", None))
+        info = getattr(request, "delivery_info", None)
+        out = list(self._configured(task, info, _route_of(task, info)))
         config = self.options(task).key_config
         if config is not None:
             out.append(key_spec(task, config, args, kwargs))
@@ -98,7 +137,7 @@ class Calls:
 
     def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
         """Whether a message may be governed (checked in the worker's main process)."""
-        return bool(self._configured(task, delivery_info)) or (
+        return bool(self._configured(task, delivery_info, _route_of(task, delivery_info))) or (
             self.options(task).key_config is not None
         )
 
@@ -110,20 +149,45 @@ class Calls:
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Call:
         """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
-        every = self.specs(task, request, args, kwargs)
-        if any(s.config.fair_by is not None for s in every):
-            every = [
-                s
-                if s.config.fair_by is None
-                else replace(s, tenant=tenant_of(task, request, s, args, kwargs))
-                for s in every
-            ]
-        specs = [s for s in every if not s.config.shadow]
-        shadows = [s for s in every if s.config.shadow]
-        cost = self.cost(task, args, kwargs) if every else 0
+        limits = self._route_limits(task, getattr(request, "delivery_info", None))
+        specs, shadows = list(limits.specs), list(limits.shadows)
+        fair = limits.fair
+        config = self.options(task).key_config
+        if config is not None:
+            key = key_spec(task, config, args, kwargs)
+            if self.live is not None:
+                [key] = self.live.apply([key])
+            (shadows if key.config.shadow else specs).append(key)
+            fair = fair or key.config.fair_by is not None
+        if fair:
+            specs = _with_tenants(specs, task, request, args, kwargs)
+            shadows = _with_tenants(shadows, task, request, args, kwargs)
+        cost = self.cost(task, args, kwargs) if specs or shadows else 0
         state = WaitState.from_request(request)
         return Call(task, request, args, kwargs, specs, cost, state, shadows)
 
     def max_wait(self, task: Any) -> float | None:
         wait: float | None = self.options(task).max_wait
         return wait
+
+
+def _with_tenants(
+    specs: list[LimitSpec],
+    task: Any,
+    request: Any,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> list[LimitSpec]:
+    """``specs`` with the call's tenant on its fair limits."""
+    return [
+        s
+        if s.config.fair_by is None
+        else replace(s, tenant=tenant_of(task, request, s, args, kwargs))
+        for s in specs
+    ]
+
+
+def _route_of(task: Any, delivery_info: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """What a task's configured limits depend on: its name and where its message came from."""
+    info = delivery_info or {}
+    return (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
