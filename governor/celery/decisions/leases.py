@@ -97,7 +97,9 @@ class AdmissionLeases:
             self._held: dict[Key, _Lease] = {}
             self._room: dict[Key, int] = {}
             self._next: dict[Key, int] = {}
-            self._timer: threading.Timer | None = None
+            self._wake = threading.Condition(self._lock)
+            self._due: float | None = None  # when the sweeper looks next (clock time)
+            self._sweeper: threading.Thread | None = None
 
     def span_of(self, lim: Limiter) -> float:
         """The span of a lease from ``lim``; 0 when it takes no leases."""
@@ -224,19 +226,35 @@ class AdmissionLeases:
     # -- giving back --------------------------------------------------------------------------
 
     def _arm(self) -> None:
-        """Have expired leases given back a little after the first ends, should this process
-        go idle (lock held)."""
-        if self._timer is None and self._held:
-            wait = max(0.0, min(x.until for x in self._held.values()) - self.clock()) + self.span
-            self._timer = threading.Timer(wait, self.sweep)
-            self._timer.daemon = True
-            self._timer.start()
+        """Have expired leases given back a span after the first ends, should this process go
+        idle (lock held). One sweeper thread per process waits for that moment: a busy process
+        moves it on with every lease, and a thread started for each would cost more CPU than
+        the tasks it leases for."""
+        if not self._held:
+            return
+        due = min(x.until for x in self._held.values()) + self.span
+        if self._due is None or due < self._due:
+            self._due = due
+            self._wake.notify()
+        if self._sweeper is None:
+            self._sweeper = threading.Thread(
+                target=self._sweeping, name="governor-lease-sweeper", daemon=True
+            )
+            self._sweeper.start()
+
+    def _sweeping(self) -> None:
+        lock, wake = self._lock, self._wake  # this process's (a fork makes new ones)
+        while True:
+            with lock:
+                while self._due is None or self._due > self.clock():
+                    wake.wait(None if self._due is None else self._due - self.clock())
+            self.sweep()
 
     def sweep(self) -> None:
         """Give back what expired leases did not use."""
         self._mine()
         with self._lock:
-            self._timer = None
+            self._due = None
             now = self.clock()
             expired = [key for key, lease in self._held.items() if lease.until <= now]
             dropped = [(key, self._drop(key)) for key in expired]
@@ -248,9 +266,7 @@ class AdmissionLeases:
         self._mine()
         with self._lock:
             held, self._held = list(self._held.items()), {}
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._due = None  # the sweeper waits until the next lease
         self._give_back(held)
 
     @staticmethod
