@@ -9,7 +9,7 @@ steps need about one call.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..config.live import LiveView
@@ -25,25 +25,37 @@ from ..config.task_limits import (
 from ..fair.tenants import tenant_of
 from ..types import Call, LimitSpec, TaskOptions, WaitState
 
-__all__ = ["Calls"]
+__all__ = ["Calls", "Route"]
 
 ROUTES = 10_000
 """Routes (task, routing key, exchange, queue) whose limits a process remembers; routing keys
 are open-ended (topic exchanges), so past that it starts afresh."""
 
 
-@dataclass(frozen=True, slots=True)
-class _RouteLimits:
-    """The limits of one route, live limits applied, for one view of the live limits."""
+class Route:
+    """What governs the calls of one task from one route (routing key, exchange, queue) under
+    one view of the live limits, before the arguments: worked out again when they change."""
 
-    specs: tuple[LimitSpec, ...]
-    """Enforced, queue first."""
-    shadows: tuple[LimitSpec, ...]
-    fair: bool
-    configs: object
-    """The live view's configs and factors these were worked out from (compared by identity:
-    a change of the live limits replaces them)."""
-    factors: object
+    __slots__ = ("configs", "factors", "fair", "lane", "shadows", "specs")
+
+    def __init__(
+        self,
+        specs: tuple[LimitSpec, ...],
+        shadows: tuple[LimitSpec, ...],
+        configs: object,
+        factors: object,
+    ) -> None:
+        self.specs = specs
+        """The enforced limits, queue first."""
+        self.shadows = shadows
+        self.fair = any(s.config.fair_by is not None for s in specs + shadows)
+        self.configs = configs
+        """The live view's configs and factors these were worked out from (compared by
+        identity: a change of the live limits replaces them)."""
+        self.factors = factors
+        self.lane: Any = None
+        """For the gate: how these limits admit from leases in this process (see
+        ``Gate._lane``)."""
 
 
 class Calls:
@@ -56,7 +68,7 @@ class Calls:
         """Live limits (:mod:`..config.live`) replace the configured ones they name."""
         self._options: dict[str, TaskOptions] = {}
         self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
-        self._live: dict[tuple[Any, ...], _RouteLimits] = {}
+        self._routes: dict[tuple[Any, ...], Route] = {}
 
     def options(self, task: Any) -> TaskOptions:
         """A task's governor options, read once per task (they are fixed after start-up)."""
@@ -78,32 +90,31 @@ class Calls:
     def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
         """The enforced limits that do not depend on the arguments: the queue's, then the
         task's (shadow limits left out)."""
-        return list(self._route_limits(task, delivery_info).specs)
+        return list(self.route(task, delivery_info).specs)
 
-    def _route_limits(self, task: Any, delivery_info: Mapping[str, Any] | None) -> _RouteLimits:
-        """:meth:`fixed_specs` and the route's shadow limits, live limits applied: worked out
+    def route(self, task: Any, delivery_info: Mapping[str, Any] | None) -> Route:
+        """The limits of ``task``'s calls from this route, live limits applied: worked out
         again only when the live limits change (every call asks, in both processes)."""
         live = self.live
         configs, factors = live.current() if live is not None else (None, None)
-        route = _route_of(task, delivery_info)
-        known = self._live.get(route)
-        if known is not None and known.configs is configs and known.factors is factors:
-            return known
-        configured = self._configured(task, delivery_info, route)
+        key = _route_of(task, delivery_info)
+        route = self._routes.get(key)
+        if route is not None and route.configs is configs and route.factors is factors:
+            return route
+        configured = self._configured(task, delivery_info, key)
         specs = list(configured) if live is None else live.apply(list(configured))
-        limits = _RouteLimits(
-            specs=tuple(s for s in specs if not s.config.shadow),
-            shadows=tuple(s for s in specs if s.config.shadow),
-            fair=any(s.config.fair_by is not None for s in specs),
-            configs=configs,
-            factors=factors,
+        route = Route(
+            tuple(s for s in specs if not s.config.shadow),
+            tuple(s for s in specs if s.config.shadow),
+            configs,
+            factors,
         )
         if not (factors and any(s.config.adaptive and s.label in factors for s in specs)):
             # (an adaptive limit with a factor climbs back with time: worked out every call)
-            if len(self._live) > ROUTES:
-                self._live.clear()
-            self._live[route] = limits
-        return limits
+            if len(self._routes) > ROUTES:
+                self._routes.clear()
+            self._routes[key] = route
+        return route
 
     def _configured(
         self, task: Any, delivery_info: Mapping[str, Any] | None, route: tuple[Any, ...]
@@ -149,9 +160,9 @@ class Calls:
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Call:
         """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it)."""
-        limits = self._route_limits(task, getattr(request, "delivery_info", None))
-        specs, shadows = list(limits.specs), list(limits.shadows)
-        fair = limits.fair
+        route = self.route(task, getattr(request, "delivery_info", None))
+        specs, shadows = list(route.specs), list(route.shadows)
+        fair = route.fair
         config = self.options(task).key_config
         if config is not None:
             key = key_spec(task, config, args, kwargs)

@@ -42,6 +42,7 @@ import redis
 
 from ...caps import new_token
 from ...errors import GovernorError, GovernorTimeout, StorageUnavailable
+from ...limiter import Limiter
 from .. import signals
 from ..config.live import LiveView
 from ..config.settings import Settings
@@ -56,6 +57,7 @@ from ..types import (
     Call,
     Deferred,
     Duplicate,
+    LimitSpec,
     Outcome,
     TaskOptions,
     WaitState,
@@ -65,7 +67,7 @@ from ..waiting import parking, redelivery
 from ..waiting.cap_line import CapLine, holder_of
 from ..waiting.handover import Handover
 from ..waiting.republish import Republisher
-from .calls import Calls
+from .calls import Calls, Route
 from .early import EarlyDeferral
 from .holding import Holding, holder_info
 from .shadow import Shadow
@@ -131,6 +133,8 @@ class Gate:
         request = task.request
         if getattr(request, "is_eager", False) or getattr(request, "called_directly", False):
             return None
+        if self._leased(task, request, args, kwargs):
+            return None
         call = self.calls.call(task, request, args, kwargs)
         if not call.specs and not call.shadows and call.state.parked is None:
             return None
@@ -145,6 +149,50 @@ class Gate:
         if deferred is None and call.shadows:
             self.shadow.observe(call)
         return deferred
+
+    def _leased(
+        self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> bool:
+        """Admit the usual call from a lease this process holds, the short way: what the steps
+        below come to for a message delivered for the first time without governor's header
+        (nothing to claim or drop), of a task with a fixed cost whose limits are all its
+        route's and lease (no key, fair, shadow or capped limit). False: take the long way."""
+        headers = getattr(request, "headers", None)
+        info = getattr(request, "delivery_info", None)
+        if (headers and HEADER in headers) or (info and info.get("redelivered")):
+            return False
+        opts = self.calls.options(task)
+        if opts.key_config is not None or callable(opts.cost):
+            return False
+        route = self.calls.route(task, info)
+        lane = self._lane(route)
+        if lane is None:
+            return False
+        outcome = self.decider.leases.take(lane, opts.cost)
+        if outcome is None:
+            return False
+        if signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG):
+            call = Call(task, request, args, kwargs, list(route.specs), opts.cost, WaitState())
+            self._admitted(call, outcome)
+        return True
+
+    def _lane(self, route: Route) -> list[tuple[Limiter, LimitSpec]] | None:
+        """The limiters of a route's limits when calls may be admitted from leases under them
+        (the decider's conditions: neither fair nor capped, all book), else None; worked out
+        once per route and Redis client (a forked process makes its own)."""
+        client = self.store.client
+        lane = route.lane
+        if lane is None or lane[0] is not client:
+            limiters = self.decider.limiters(list(route.specs))
+            leases = (
+                bool(limiters)
+                and not route.shadows
+                and not route.fair
+                and all(lim.books and lim.cap is None for lim, _ in limiters)
+            )
+            lane = route.lane = (client, limiters if leases else None)
+        found: list[tuple[Limiter, LimitSpec]] | None = lane[1]
+        return found
 
     def back_off(
         self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Backoff
