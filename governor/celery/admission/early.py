@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -48,8 +48,9 @@ class EarlyDeferral:
         self.decider = decider
         self.republisher = republisher
         self.cap_line = cap_line
-        self.hints: dict[tuple[str, str, LimitConfig], tuple[float, float]] = {}
-        """(limit name, subject, config) -> (when peeked, until when it denies), monotonic."""
+        self.hints: dict[tuple[str, str], tuple[LimitConfig, float, float]] = {}
+        """(limit name, subject) -> (the limit's config, when peeked, until when it denies:
+        monotonic times); a hint for another config of the limit is not used."""
         self.paused_until = 0.0
 
     def defer(self, req: Any) -> bool:
@@ -66,21 +67,31 @@ class EarlyDeferral:
             return False
 
     def _defer(self, req: Any) -> bool:
-        if req.delivery_info.get("redelivered"):
+        info = req.delivery_info
+        if info.get("redelivered"):
             return False  # the pool drops it if it was settled before (see .redelivery)
         calls, task = self.calls, req.task
         carried = req._request_dict.get(HEADER)
-        if isinstance(carried, Mapping) and (carried.get("slots") or carried.get("parked")):
+        if (
+            carried is not None
+            and isinstance(carried, Mapping)
+            and (carried.get("slots") or carried.get("parked"))
+        ):
             return False  # bookings are claimed, and copies dropped, in the pool
-        holder = f"{req.id}:{req._request_dict.get('retries') or 0}"
+        route = calls.route(task, info)
+        if route.fair:
+            return False  # fair limits queue their calls in the pool (see ..fair.sharing)
+
+        def holder() -> str:
+            return f"{req.id}:{req._request_dict.get('retries') or 0}"
+
         opts = calls.options(task)
-        if opts.key_config is None and not callable(opts.cost):
-            # the usual case: decide from the cached hint before decoding anything
-            specs = calls.fixed_specs(task, req.delivery_info)
-            if any(s.config.fair_by is not None for s in specs):
-                return False  # fair limits queue their calls in the pool (see ..fair.sharing)
-            if not specs or not self.known_denied(specs, opts.cost, holder):
-                return False
+        if (  # the usual case: decide from the cached hints before decoding anything
+            opts.key_config is None
+            and not callable(opts.cost)
+            and not (route.specs and self.known_denied(route.specs, opts.cost, holder))
+        ):
+            return False
         call = calls.call(task, req._context, tuple(req.args), dict(req.kwargs))
         if any(s.config.fair_by is not None for s in call.specs):
             return False
@@ -89,12 +100,12 @@ class EarlyDeferral:
         if req.revoked():  # revoked or expired: Celery's own dispatch discards it
             return False
         capped = any(s.config.concurrency is not None for s in call.specs)
-        who = Who(holder, new_token(), f"{req.hostname} main") if capped else None
+        who = Who(holder(), new_token(), f"{req.hostname} main") if capped else None
         outcome = self.decider.decide(call.specs, call.cost, call.state, who=who)
         if outcome.allowed:  # room appeared meanwhile: give it back, the pool acquires
             self.decider.refund(outcome.held, call.cost)
             for spec in call.specs:
-                self.hints[(spec.name, spec.subject, spec.config)] = (time.monotonic(), 0.0)
+                self.hints[(spec.name, spec.subject)] = (spec.config, time.monotonic(), 0.0)
             return False
         decision = outcome.decision
         if (decision is not None and decision.retry_after == math.inf) or too_long(
@@ -116,23 +127,28 @@ class EarlyDeferral:
         req.acknowledge()
         return True
 
-    def known_denied(self, specs: list[LimitSpec], cost: int, holder: str) -> bool:
+    def known_denied(
+        self, specs: Sequence[LimitSpec], cost: int, holder: Callable[[], str]
+    ) -> bool:
         """Whether a limit of ``specs`` denies now, by a peek at most ``HINT_TTL`` old (a
-        denial is trusted until its retry_after; a full cap's, only for ``HINT_TTL``)."""
+        denial is trusted until its retry_after; a full cap's, only for ``HINT_TTL``).
+        ``holder()`` names the holder a peek at a cap asks for."""
         now = time.monotonic()
         for spec in specs:
-            key = (spec.name, spec.subject, spec.config)
+            key = (spec.name, spec.subject)
             hint = self.hints.get(key)
-            if hint is None or (hint[1] <= now and now - hint[0] > HINT_TTL):
+            if (
+                hint is None
+                or (hint[0] is not spec.config and hint[0] != spec.config)
+                or (hint[2] <= now and now - hint[1] > HINT_TTL)
+            ):
                 lim = self.decider.store.limiter(spec.name, spec.config)
-                d = lim.peek(spec.subject, cost, holder=holder)
-                if d.allowed:
-                    hint = (now, 0.0)
-                else:
-                    hint = (now, now + (d.retry_after if d.capped is None else HINT_TTL))
+                d = lim.peek(spec.subject, cost, holder=holder())
+                wait = d.retry_after if d.capped is None else HINT_TTL
+                hint = (spec.config, now, 0.0 if d.allowed else now + wait)
                 if len(self.hints) > 10_000:
                     self.hints.clear()
                 self.hints[key] = hint
-            if hint[1] > now:
+            if hint[2] > now:
                 return True
         return False
