@@ -20,8 +20,9 @@ rest of the machine used in the meantime ("others") says how noisy a round was.
 
 Redis: db N is the broker and holds the bench's records, db N+1 is governor's store. Decisions
 are counted server wide with ``INFO commandstats`` (EVALSHA/EVAL; kombu runs a few scripts of
-its own, measured in the ungoverned rounds and subtracted); admissions with governor's
-``task_admitted`` signal.
+its own, measured in the ungoverned rounds and subtracted); admissions with the gate's own
+count (``Gate.admitted``; a ``task_admitted`` receiver would cost every task a signal
+dispatch that a user without metrics does not pay).
 
 This file is also the workers' app module: ``celery -A celery_overhead`` imports it with
 ``GOVERNOR_BENCH_BROKER`` set (and ``GOVERNOR_BENCH_STORE`` when governor is installed).
@@ -78,8 +79,9 @@ if os.environ.get(ENV_BROKER):
     app = Celery("celery_overhead", broker=os.environ[ENV_BROKER])
     app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True)
     _admitted = [0]
+    _governor: Any = None
     if os.environ.get(ENV_STORE):
-        from governor.celery import Governor, signals
+        from governor.celery import Governor
 
         app.conf.governor_redis_url = os.environ[ENV_STORE]
         if os.environ.get(ENV_LEASE):
@@ -89,11 +91,7 @@ if os.environ.get(ENV_BROKER):
             app.conf.governor_queues = {
                 os.environ[ENV_QUEUE]: {"rules": rules, "algorithm": algorithm}
             }
-        Governor(app)
-
-        @signals.task_admitted.connect(weak=False)  # type: ignore[untyped-decorator]
-        def _count_admission(sender: Any = None, **_: Any) -> None:
-            _admitted[0] += 1
+        _governor = Governor(app)
 
     _tick: Any = None
     if os.environ.get(ENV_PROFILE):
@@ -114,7 +112,10 @@ if os.environ.get(ENV_BROKER):
         if client is None:
             client = _records[pid] = redis.Redis.from_url(os.environ[ENV_BROKER])
         waits = ((self.request.headers or {}).get("governor") or {}).get("waits") or 0
-        admitted, _admitted[0] = _admitted[0], 0
+        admitted = 0
+        if _governor is not None:  # what the gate admitted since this process's last task
+            admitted = _governor.gate.admitted - _admitted[0]
+            _admitted[0] += admitted
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(f"{run}:first", pid, repr(start))
         pipe.hset(f"{run}:last", pid, repr(time.time()))
@@ -459,7 +460,7 @@ def decisions_report(results: dict[str, list[dict[str, Any]]], tasks: int) -> li
         f"governed tasks, net of kombu's own {sum(r['scripts'] for r in base)} seen in the "
         f"ungoverned rounds)"
         + (f"; {usec / scripts:.1f} us each inside Redis" if scripts > 0 else ""),
-        f"gate admissions per task: {admitted / total:.3f} ({admitted}, task_admitted signal); "
+        f"gate admissions per task: {admitted / total:.3f} ({admitted}, Gate.admitted); "
         f"tasks that waited: {sum(r['waited'] for r in gov)}; "
         f"messages left: {sum(r['left'] for r in gov + base)}",
     ]

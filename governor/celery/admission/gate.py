@@ -95,6 +95,8 @@ class Gate:
         self.pausing = Pausing(settings, self.store, self.decider, self.republisher, self.live)
         self.shadow = Shadow(self.store)
         self.fair = FairSharing(settings, self.store, self.republisher)
+        self.admitted = 0
+        """Calls this process's gate admitted so far (a plain count: benchmarks read it)."""
 
     # -- what others use ---------------------------------------------------------------------
 
@@ -171,6 +173,7 @@ class Gate:
         outcome = self.decider.leases.take(lane, opts.cost)
         if outcome is None:
             return False
+        self.admitted += 1
         if signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG):
             call = Call(task, request, args, kwargs, list(route.specs), opts.cost, WaitState())
             self._admitted(call, outcome)
@@ -212,6 +215,7 @@ class Gate:
             outcome = self.decider.decide(call.specs, call.cost, call.state, lease=True, who=who)
             call.state.outages = 0
             if outcome.allowed:
+                self.admitted += 1
                 self.holding.take(call, outcome)
                 self._admitted(call, outcome)
                 return None
