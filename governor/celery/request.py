@@ -34,14 +34,21 @@ class GovernedRequestMixin:
     """Holds the early acknowledgement of governed messages until the outcome is known."""
 
     _governor_hold = False
+    _governor_governed: bool | None = None
     id: str
     task: Any
     delivery_info: Any
     worker_pid: int | None
 
     def _governed_message(self) -> bool:
-        governor = registry.find(self.task.app)
-        return governor is not None and governor.gate.governs(self.task, self.delivery_info)
+        """Whether governor governs this message (worked out once per message: the dispatch
+        asks, then its acceptance)."""
+        governed = self._governor_governed
+        if governed is None:
+            governor = registry.find(self.task.app)
+            governed = governor is not None and governor.gate.governs(self.task, self.delivery_info)
+            self._governor_governed = governed
+        return governed
 
     def acknowledge(self) -> None:
         if not self._governor_hold:
@@ -119,6 +126,8 @@ class GovernedRequestMixin:
             self._governor_release()
 
     def _governor_defer_early(self) -> bool:
+        if not self._governed_message():
+            return False
         governor = registry.find(self.task.app)
         return governor is not None and governor.gate.defer_early(self)
 
