@@ -7,9 +7,11 @@
 :data:`EVERY` tasks meanwhile, in case its exit is abrupt). Times are CPU time; call counts
 are exact; times carry cProfile's own overhead (compare governed with ungoverned, both profiled).
 
-    python -m bench.profiling DIR [--top 40] [--match governor]
+    python -m bench.profiling DIR --tasks N [--top 40] [--match governor]
+    python -m bench.profiling DIR --tasks N --diff calls     # or --diff time
 
-prints, per variant, functions by their own time per task, with calls per task.
+prints, per variant, functions by their own time per task, with calls per task; with --diff,
+governed against ungoverned by function (N: tasks per variant over all rounds).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def _own(stats: pstats.Stats) -> dict[str, tuple[float, int]]:
     return out
 
 
-def difference(directory: str, tasks: int, top: int) -> str:
+def difference(directory: str, tasks: int, top: int, by: str = "time") -> str:
     """Per process kind: total CPU per task, governed against ungoverned, and the functions
     whose own time (or calls) differ most."""
     groups = load(directory)
@@ -147,7 +149,10 @@ def difference(directory: str, tasks: int, top: int) -> str:
         for label in g.keys() | b.keys():
             (tg, ng), (tb, nb) = g.get(label, (0.0, 0)), b.get(label, (0.0, 0))
             rows.append((tg - tb, label, tg, tb, ng, nb))
-        rows.sort(key=lambda r: -abs(r[0]))
+        if by == "calls":  # exact, where times are noisy: the work added, call by call
+            rows.sort(key=lambda r: -abs(r[4] - r[5]))
+        else:
+            rows.sort(key=lambda r: -abs(r[0]))
         for diff, label, tg, tb, ng, nb in rows[:top]:
             out.append(
                 f"  {1e6 * tg / tasks:8.2f} {1e6 * tb / tasks:8.2f} {1e6 * diff / tasks:+8.2f}"
@@ -182,11 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--match", help="only functions whose label matches this regex")
     parser.add_argument(
-        "--diff", action="store_true", help="governed against ungoverned, by function"
+        "--diff",
+        choices=["time", "calls"],
+        help="governed against ungoverned, by function: the largest differences of own time, "
+        "or of calls (exact: the work added, where times are noisy)",
     )
     args = parser.parse_args(argv)
     if args.diff:
-        print(difference(args.directory, args.tasks, args.top))
+        print(difference(args.directory, args.tasks, args.top, args.diff))
     else:
         print(report(args.directory, args.tasks, args.top, args.match))
     return 0
