@@ -249,3 +249,51 @@ def test_the_sweeper_gives_back_what_an_idle_lease_did_not_use(
         assert used == 2  # the lease ran out unused: its 2 units came back
     finally:
         leases.release()
+
+
+class Channel:
+    no_ack_consumers = None
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.acked: list[Any] = []
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        if self.fail:
+            raise ConnectionError("the broker went away")
+        self.acked.append(delivery_tag)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_watched_ack_marks_a_failure_and_leaves_no_cycle(fail: bool) -> None:
+    """wrap_ack's wrapper refers to the message and to its request: once the ack ran it is
+    taken off the message, so neither waits for the garbage collector."""
+    import gc
+
+    from kombu import Message
+
+    from governor.celery.patches import wrap_ack
+
+    channel = Channel(fail)
+    message = Message(body="{}", delivery_tag="t1", channel=channel)
+    marked: list[str] = []
+    wrap_ack(message, lambda: marked.append("unacked"))
+    assert "ack" in vars(message)
+    if fail:
+        with pytest.raises(ConnectionError):
+            message.ack()
+    else:
+        message.ack()
+    assert marked == (["unacked"] if fail else []) and channel.acked == ([] if fail else ["t1"])
+    assert "ack" not in vars(message)  # the class's own ack again
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(50):
+            m = Message(body="{}", delivery_tag=n, channel=Channel(False))
+            wrap_ack(m, lambda: None)
+            m.ack()
+            del m
+        assert gc.collect() == 0  # nothing was left in a cycle
+    finally:
+        gc.enable()
