@@ -120,6 +120,8 @@ class TaskOptions:
     key_config: LimitConfig | None
     cost: Any
     max_wait: float | None
+    key: Any = None
+    """The task's key function (``governor_key``) as given, when it has a per-key limit."""
 
 
 # -- decisions --------------------------------------------------------------------------

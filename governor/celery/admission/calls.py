@@ -76,13 +76,15 @@ class Calls:
         if opts is None:
             wait = getattr(task, "governor_max_wait", None) or self.settings.max_wait
             task_config = task_limit_config(task, self.settings)
+            keyed = key_config(task, self.settings)
             opts = TaskOptions(
                 task_spec=None
                 if task_config is None
                 else LimitSpec("task", "task", task_config, task.name),
-                key_config=key_config(task, self.settings),
+                key_config=keyed,
                 cost=option(task, "governor_cost", 1),
                 max_wait=None if wait is None else float(wait),
+                key=None if keyed is None else option(task, "governor_key"),
             )
             self._options[task.name] = opts
         return opts
@@ -163,9 +165,10 @@ class Calls:
         route = self.route(task, getattr(request, "delivery_info", None))
         specs, shadows = list(route.specs), list(route.shadows)
         fair = route.fair
-        config = self.options(task).key_config
+        opts = self.options(task)
+        config = opts.key_config
         if config is not None:
-            key = key_spec(task, config, args, kwargs)
+            key = key_spec(task, config, args, kwargs, opts.key)
             if self.live is not None:
                 [key] = self.live.apply([key])
             (shadows if key.config.shadow else specs).append(key)

@@ -174,10 +174,16 @@ def _shape(run: Callable[..., Any]) -> _Shape:
 
 
 def key_spec(
-    task: Any, config: LimitConfig, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    task: Any,
+    config: LimitConfig,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    key: Callable[..., Any] | None = None,
 ) -> LimitSpec:
-    """The per-key limit of one call; the key function's errors name the task."""
-    key: Callable[..., Any] = option(task, "governor_key")
+    """The per-key limit of one call; the key function's errors name the task. ``key``: the
+    task's ``governor_key`` when the caller has it at hand (else it is looked up)."""
+    if key is None:
+        key = option(task, "governor_key")
     try:
         subject = subject_text(call_with_arguments(task, key, args, kwargs))
     except GovernorError as exc:
