@@ -297,3 +297,52 @@ def test_a_watched_ack_marks_a_failure_and_leaves_no_cycle(fail: bool) -> None:
         assert gc.collect() == 0  # nothing was left in a cycle
     finally:
         gc.enable()
+
+
+def test_early_deferral_works_out_a_per_key_call_only_now_and_then(
+    redis_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-key task's calls need their message decoded and a peek per subject in the
+    worker's main process: one call each HINT_TTL while none is seen denied, every call for
+    DENYING seconds after one was."""
+    from types import SimpleNamespace
+
+    from governor.celery.admission import early as early_module
+
+    q = queue_name()
+    app = new_app(redis_server.url(), q)
+    governor = Governor(app)
+
+    @governor.task("1000/h", key=lambda customer, **_: customer, shared=False)
+    def job(customer: str) -> None: ...
+
+    app.finalize()
+    task = app.tasks[job.name]
+    gate = governor.gate
+    worked_out = LongWay(gate, monkeypatch)  # counts Calls.call: a call worked out
+
+    def message(n: int) -> Any:
+        return SimpleNamespace(
+            id=f"m{n}",
+            task=task,
+            revoked=lambda: False,
+            _request_dict={},
+            _context=Context({"id": f"m{n}", "headers": None}),
+            delivery_info={"routing_key": q},
+            args=[],
+            kwargs={"customer": f"c{n % 3}"},
+            hostname="test@host",
+        )
+
+    clock = [1000.0]
+    monkeypatch.setattr(early_module.time, "monotonic", lambda: clock[0])
+    for n in range(10):
+        assert gate.defer_early(message(n)) is False  # room: the pool admits
+    assert worked_out.count == 1  # the first, then none within HINT_TTL
+    clock[0] += 1.5 * early_module.HINT_TTL
+    assert gate.defer_early(message(10)) is False
+    assert worked_out.count == 2
+    gate.early.denying[task.name] = clock[0] + early_module.DENYING  # one was seen denied
+    for n in range(5):
+        gate.defer_early(message(11 + n))
+    assert worked_out.count == 2 + 5

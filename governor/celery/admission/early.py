@@ -3,9 +3,12 @@ before it reaches the pool.
 
 When a limit is known to deny (a peek, cached for ``HINT_TTL``), the message is booked and
 re-published right there and acknowledged. That saves the pool a round trip per denial, so a
-backlog's first wave of deferrals drains fast enough for its earliest bookings. Admission
-itself never happens here (it belongs right before the body, in the pool); anything unusual
-(bookings to claim, Redis trouble, a wait too long) goes to the pool.
+backlog's first wave of deferrals drains fast enough for its earliest bookings. A call whose
+limits depend on its arguments (a per-key limit, a callable cost) needs its message decoded
+and a peek per subject: that is done for one call of a task each ``HINT_TTL``, and for all of
+them for ``DENYING`` seconds after one was seen denied (or while a limit of the route
+denies). Admission itself never happens here (it belongs right before the body, in the pool);
+anything unusual (bookings to claim, Redis trouble, a wait too long) goes to the pool.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from ..decisions.decider import Decider, too_long
 from ..types import HEADER, LimitConfig, LimitSpec, Who
 from ..waiting.cap_line import CapLine
 from ..waiting.republish import Republisher
-from .calls import Calls
+from .calls import Calls, Route
 
-__all__ = ["EARLY_PAUSE", "HINT_TTL", "EarlyDeferral"]
+__all__ = ["DENYING", "EARLY_PAUSE", "HINT_TTL", "EarlyDeferral"]
 
 logger = logging.getLogger("governor.celery")
 HINT_TTL = 0.05
 """How long the worker's main process trusts a peek that found room (seconds)."""
+DENYING = 1.0
+"""After a call of a task whose limits depend on its arguments was seen denied, every call of
+the task is worked out for this long (seconds); otherwise one each ``HINT_TTL``."""
 EARLY_PAUSE = 5.0
 """After Redis failed in the worker's main process, it leaves every decision to the pool for
 this long (seconds), so an outage does not stall the consumer on socket timeouts."""
@@ -52,6 +58,11 @@ class EarlyDeferral:
         """(limit name, subject) -> (the limit's config, when peeked, until when it denies:
         monotonic times); a hint for another config of the limit is not used."""
         self.paused_until = 0.0
+        self.sampled: dict[str, float] = {}
+        """Task name -> when a call of it whose limits depend on its arguments was last
+        worked out (monotonic)."""
+        self.denying: dict[str, float] = {}
+        """Task name -> until when its calls are all worked out: one was seen denied."""
 
     def defer(self, req: Any) -> bool:
         """Defer ``req`` (a worker request, before it goes to the pool) if a limit is known
@@ -86,17 +97,18 @@ class EarlyDeferral:
             return f"{req.id}:{req._request_dict.get('retries') or 0}"
 
         opts = calls.options(task)
-        if (  # the usual case: decide from the cached hints before decoding anything
-            opts.key_config is None
-            and not callable(opts.cost)
-            and not (route.specs and self.known_denied(route.specs, opts.cost, holder))
-        ):
+        if opts.key_config is None and not callable(opts.cost):
+            # the usual case: decide from the cached hints before decoding anything
+            if not (route.specs and self.known_denied(route.specs, opts.cost, holder)):
+                return False
+        elif not self._worth_decoding(task.name, route, holder):
             return False
         call = calls.call(task, req._context, tuple(req.args), dict(req.kwargs))
         if any(s.config.fair_by is not None for s in call.specs):
             return False
         if not call.specs or not self.known_denied(call.specs, call.cost, holder):
             return False
+        self.denying[task.name] = time.monotonic() + DENYING
         if req.revoked():  # revoked or expired: Celery's own dispatch discards it
             return False
         capped = any(s.config.concurrency is not None for s in call.specs)
@@ -125,6 +137,25 @@ class EarlyDeferral:
             return False
         task_ready(req)
         req.acknowledge()
+        return True
+
+    def _worth_decoding(self, name: str, route: Route, holder: Callable[[], str]) -> bool:
+        """Whether to work out a call whose limits depend on its arguments (a per-key limit,
+        a callable cost): decoding them and peeking at its subject for every message would
+        cost the main process more than the task. Yes while a call of the task was seen
+        denied within :data:`DENYING`, or a limit of its route denies; otherwise one call of
+        the task each :data:`HINT_TTL`."""
+        now = time.monotonic()
+        if self.denying.get(name, 0.0) > now:
+            return True
+        if route.specs and self.known_denied(route.specs, 1, holder):
+            return True
+        if now - self.sampled.get(name, -math.inf) < HINT_TTL:
+            return False
+        if len(self.sampled) > 10_000:
+            self.sampled.clear()
+            self.denying.clear()
+        self.sampled[name] = now
         return True
 
     def known_denied(
