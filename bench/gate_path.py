@@ -17,9 +17,10 @@ deterministic enough on a busy machine, and free of the broker's noise; a real w
 per task is measured by bench.celery_overhead.
 
 Limits (``--limits``): ``quota``, a queue quota of 1,000,000/s (gcra) that never binds (the
-default, as bench.celery_overhead); ``full``, that quota plus, on the task, a per-key limit
-(1,000,000/s, gcra, a key function over 4 subjects) with a concurrency cap of 1,000 per key,
-and a fair queue limit (1,000,000/s, fair by an argument).
+default, as bench.celery_overhead); any of ``cap``, ``fair``, ``key`` (commas) as
+bench.celery_overhead's ``--with``: a concurrency cap of 1,000 on the task (per key with a key),
+the quota fair by an argument, a per-key limit (1,000,000/s, gcra, a key function over 4
+subjects); ``full``: all three.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class _Pool:
 def _app(variant: str, limits: str, redis_url: str) -> tuple[Any, Any]:
     from celery import Celery
 
+    parts = {"cap", "fair", "key"} if limits == "full" else set(limits.split(",")) - {"quota"}
     app = Celery("gatebench", broker="memory://")
     app.conf.update(task_ignore_result=True, task_default_queue=QUEUE)
     governed = variant == "governed"
@@ -77,20 +79,21 @@ def _app(variant: str, limits: str, redis_url: str) -> tuple[Any, Any]:
         from governor.celery import Governor
 
         app.conf.governor_redis_url = redis_url
-        app.conf.governor_queues = {QUEUE: {"rules": QUOTA, "algorithm": "gcra"}}
-        if limits == "full":
-            app.conf.governor_queues = {
-                QUEUE: {"rules": QUOTA, "algorithm": "gcra", "fair_by": "customer"}
-            }
+        quota: dict[str, Any] = {"rules": QUOTA, "algorithm": "gcra"}
+        if "fair" in parts:
+            quota["fair_by"] = "customer"
+        app.conf.governor_queues = {QUEUE: quota}
         governor = Governor(app)
     options: dict[str, Any] = {}
-    if governed and limits == "full":
-        options = {
-            "governor_limit": QUOTA,
-            "governor_algorithm": "gcra",
-            "governor_concurrency": 1000,
-            "governor_key": lambda customer, **_: customer,
-        }
+    if governed and "key" in parts:
+        options.update(
+            governor_limit=QUOTA,
+            governor_algorithm="gcra",
+            governor_key=lambda customer, **_: customer,
+        )
+    if governed and "cap" in parts:
+        options["governor_concurrency"] = 1000
+    if options:
         from governor.celery import GovernedTask
 
         options["base"] = GovernedTask
@@ -189,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tasks", type=int, default=10000, help="tasks per run (10000)")
     parser.add_argument("--rounds", type=int, default=5, help="runs per variant (5)")
-    parser.add_argument("--limits", default="quota", choices=["quota", "full"])
+    parser.add_argument(
+        "--limits",
+        default="quota",
+        help="quota, or quota with any of cap, fair, key (commas; full: all three)",
+    )
     parser.add_argument("--profile", choices=["governed", "plain"], help="profile one run")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--variant", choices=["governed", "plain"], help=argparse.SUPPRESS)

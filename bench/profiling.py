@@ -2,7 +2,8 @@
 
 ``python -m bench.celery_overhead --profile DIR`` has every bench worker call
 :func:`profile_worker`; each process writes ``<worker>-main.pstats`` or
-``<worker>-pool-<pid>.pstats`` into DIR. The main process is profiled from ``worker_ready`` to
+``<worker>-pool-<pid>.pstats`` into DIR (and ``.gc.json``: the garbage collector's counts and
+CPU seconds). The main process is profiled from ``worker_ready`` to
 ``worker_shutdown``, a pool process from ``worker_process_init`` to its exit (and every
 :data:`EVERY` tasks meanwhile, in case its exit is abrupt). Times are CPU time; call counts
 are exact; times carry cProfile's own overhead (compare governed with ungoverned, both profiled).
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
+import json
 import os
 import pstats
 import re
@@ -55,11 +58,26 @@ def profile_worker(directory: str) -> None:
         state["prof"] = new_profile()
         state["prof"].enable()
 
+    gc_time = [0.0, 0.0]  # seconds in collections, start of the current one
+
+    def _gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_time[1] = time.process_time()
+        else:
+            gc_time[0] += time.process_time() - gc_time[1]
+
+    gc.callbacks.append(_gc)
+
+    def _gc_dump(kind: str) -> None:
+        with open(path(kind).replace(".pstats", ".gc.json"), "w") as f:
+            json.dump({"seconds": gc_time[0], "stats": gc.get_stats()}, f)
+
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _main_stop(**_: Any) -> None:
         if state["prof"] is not None:
             state["prof"].disable()
             state["prof"].dump_stats(path("main"))
+            _gc_dump("main")
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _pool_start(**_: Any) -> None:
@@ -73,6 +91,7 @@ def profile_worker(directory: str) -> None:
         if prof is not None:
             prof.disable()
             prof.dump_stats(path(f"pool-{os.getpid()}"))
+            _gc_dump(f"pool-{os.getpid()}")
             prof.enable()
 
     @signals.worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
