@@ -346,9 +346,10 @@ class Round:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GOVERNOR_BENCH_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         env.update({ENV_BROKER: server["broker_url"], ENV_QUEUE: self.queue})
-        if variant == "governed" or args.baseline == "installed":
+        governed = variant == "governed" and not args.same
+        if governed or args.baseline == "installed":
             env[ENV_STORE] = server["store_url"]
-        if variant == "governed":
+        if governed:
             env[ENV_LIMIT] = f"{args.rule}@{args.algorithm}"
             env[ENV_WITH] = ",".join(args.with_)
             if args.lease_span is not None:
@@ -792,6 +793,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="profile the workers (cProfile, main and pool processes) into DIR; read it with "
         "python -m bench.profiling DIR (CPU figures are then cProfile's, not the real ones)",
+    )
+    parser.add_argument(
+        "--same",
+        action="store_true",
+        help="both variants ungoverned (an A/A run: how far apart two identical workers "
+        "measure on this machine, the noise any ratio carries)",
     )
     parser.add_argument("--timeout", type=float, help="seconds a round may take (tasks/20, >= 60)")
     args = parser.parse_args(argv)

@@ -18,7 +18,8 @@ the room the limit last reported (gcra: counting what the span itself takes), so
 room every task asks Redis and a limit that fills up stops leasing by itself.
 
 Units not used are given back when their lease is dropped: at the next lease of this process
-and, for a process gone idle, by a timer a span after the lease ends; also at worker shutdown.
+and, for a process gone idle, by a sweeper thread a span after the lease ends (it looks at most
+every ``SWEEP_EVERY``, 0.25 s); also at worker shutdown.
 The sliding log takes back exactly those units; gcra only a whole lease that is still its
 newest, otherwise they stay counted until its schedule catches up.
 
@@ -59,6 +60,8 @@ SHORTEST = 0.02
 """Spans shorter than this (seconds) are not worth a lease."""
 MARGIN = 0.005
 """The local deadline ends this long (seconds) before the span Redis counted."""
+SWEEP_EVERY = 0.25
+"""The sweeper looks for expired leases at most this often (seconds)."""
 MEMORY = 10_000
 """Limits (limiter, subject) a process remembers the room of; past that it starts afresh."""
 
@@ -225,17 +228,16 @@ class AdmissionLeases:
 
     # -- giving back --------------------------------------------------------------------------
 
-    def _arm(self) -> None:
+    def _arm(self, not_before: float = 0.0) -> None:
         """Have expired leases given back a span after the first ends, should this process go
-        idle (lock held). One sweeper thread per process waits for that moment: a busy process
-        moves it on with every lease, and a thread started for each would cost more CPU than
-        the tasks it leases for."""
-        if not self._held:
+        idle (lock held). One sweeper thread per process waits for that moment (a thread
+        started for each lease would cost more CPU than the tasks it leases for), and looks at
+        most every :data:`SWEEP_EVERY` seconds: while the process is busy its leases are
+        replaced, and given back, by the next grants."""
+        if not self._held or self._due is not None:
             return
-        due = min(x.until for x in self._held.values()) + self.span
-        if self._due is None or due < self._due:
-            self._due = due
-            self._wake.notify()
+        self._due = max(min(x.until for x in self._held.values()) + self.span, not_before)
+        self._wake.notify()
         if self._sweeper is None:
             self._sweeper = threading.Thread(
                 target=self._sweeping, name="governor-lease-sweeper", daemon=True
@@ -258,7 +260,7 @@ class AdmissionLeases:
             now = self.clock()
             expired = [key for key, lease in self._held.items() if lease.until <= now]
             dropped = [(key, self._drop(key)) for key in expired]
-            self._arm()
+            self._arm(now + SWEEP_EVERY)
         self._give_back(dropped)
 
     def release(self) -> None:
