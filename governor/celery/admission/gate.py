@@ -135,8 +135,11 @@ class Gate:
         request = task.request
         if getattr(request, "is_eager", False) or getattr(request, "called_directly", False):
             return None
-        if self._leased(task, request, args, kwargs):
-            return None
+        try:
+            if self._leased(task, request, args, kwargs):
+                return None
+        except StorageUnavailable as exc:  # (a new lease was asked for)
+            return self._unavailable(self.calls.call(task, request, args, kwargs), exc)
         call = self.calls.call(task, request, args, kwargs)
         if not call.specs and not call.shadows and call.state.parked is None:
             return None
@@ -155,10 +158,11 @@ class Gate:
     def _leased(
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> bool:
-        """Admit the usual call from a lease this process holds, the short way: what the steps
-        below come to for a message delivered for the first time without governor's header
-        (nothing to claim or drop), of a task with a fixed cost whose limits are all its
-        route's and lease (no key, fair, shadow or capped limit). False: take the long way."""
+        """Admit the usual call from a lease, the short way: what the steps below come to for
+        a message delivered for the first time without governor's header (nothing to claim or
+        drop), of a task with a fixed cost whose limits are all its route's and lease (no key,
+        fair, shadow or capped limit): from the leases this process holds, or new ones for
+        the limits whose lease ran out. False: take the long way."""
         headers = getattr(request, "headers", None)
         info = getattr(request, "delivery_info", None)
         if (headers and HEADER in headers) or (info and info.get("redelivered")):
@@ -170,8 +174,9 @@ class Gate:
         lane = self._lane(route)
         if lane is None:
             return False
-        outcome = self.decider.leases.take(lane, opts.cost)
-        if outcome is None:
+        leases = self.decider.leases
+        outcome = leases.take(lane, opts.cost) or leases.grant(lane, opts.cost)
+        if outcome is None:  # no room known, or too little: the decider asks Redis
             return False
         self.admitted += 1
         if signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG):
