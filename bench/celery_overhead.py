@@ -384,9 +384,13 @@ class Round:
         return done
 
     def snapshot(self) -> tuple[int, dict[str, float] | None]:
+        """(tasks done, CPU so far): the tasks counted before and after reading /proc, halved
+        (reading it takes a while on a busy machine, and tasks go on ending meanwhile)."""
         assert self.proc is not None
+        before = int(self.client.get(f"{self.run}:done") or 0)
         cpu = cpu_snapshot(self.proc.pid, self.server["redis_pid"])
-        return int(self.client.get(f"{self.run}:done") or 0), cpu
+        after = int(self.client.get(f"{self.run}:done") or 0)
+        return (before + after) // 2, cpu
 
     def stop(self, grace: float = 10.0) -> None:
         if self.proc is not None:
@@ -457,8 +461,11 @@ def measure_alone(variant: str, n: int, args: argparse.Namespace, ctx: dict[str,
 def measure_together(n: int, args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     """One round of both variants at once, each with its own redis-server: CPU per task over
     the time both were running tasks, so whatever else the machine runs weighs on both."""
-    rounds = {v: Round(v, n, args, ctx, ctx["servers"][v]) for v in VARIANTS}
+    # every other round the variants swap servers and the order they start and are measured
+    # in: neither gets a placement of its own on the machine
     order = list(VARIANTS) if n % 2 == 0 else list(reversed(VARIANTS))
+    servers = [ctx["servers"][v] for v in VARIANTS]
+    rounds = {v: Round(v, n, args, ctx, server) for v, server in zip(order, servers)}
     try:
         for v in order:
             rounds[v].start()
@@ -466,10 +473,10 @@ def measure_together(n: int, args: argparse.Namespace, ctx: dict[str, Any]) -> d
         while True:
             done = {v: r.done() for v, r in rounds.items()}
             if max(done.values()) >= args.tasks:  # one is through: the common window ends
-                cpu_to = {v: r.snapshot() for v, r in rounds.items()}
+                cpu_to = {v: rounds[v].snapshot() for v in order}
                 break
             if cpu_from is None and min(done.values()) > 0:
-                cpu_from = {v: r.snapshot() for v, r in rounds.items()}
+                cpu_from = {v: rounds[v].snapshot() for v in order}
             time.sleep(POLL)
         while min(r.done() for r in rounds.values()) < args.tasks:  # the rest of the other
             time.sleep(POLL)
