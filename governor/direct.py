@@ -26,9 +26,11 @@ pool's ``max_connections``, and the pool's ``health_check_interval`` does not ap
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
+import sys
 import time
 import weakref
 from collections import deque
@@ -234,16 +236,31 @@ def _readable(conn: Any) -> bool:
     if sock is None:
         return False
     try:
-        if _poll is None:
+        poll = _os_poll()
+        if poll is None:
             return bool(conn.can_read(timeout=0))
-        poller = _poll()
+        poller = poll()
         poller.register(sock, select.POLLIN)
         return bool(poller.poll(0))
     except Exception:
         return True
 
 
-_poll = getattr(select, "poll", None)
+_polls: list[Any] = []
+
+
+def _os_poll() -> Any:
+    """The operating system's ``select.poll`` (None without it), also under gevent or eventlet:
+    a check that does not wait needs no event loop, and theirs cost many times more."""
+    if not _polls:
+        poll = getattr(select, "poll", None)
+        with contextlib.suppress(Exception):
+            if "gevent.monkey" in sys.modules:
+                poll = sys.modules["gevent.monkey"].get_original("select", "poll")
+            elif "eventlet.patcher" in sys.modules:
+                poll = sys.modules["eventlet.patcher"].original("select").poll
+        _polls.append(poll)
+    return _polls[0]
 
 
 def _bulk(data: bytes) -> bytes:

@@ -164,12 +164,8 @@ class Governor:
             logger.critical("governor: %s", exc)
             raise SystemExit(f"governor: {exc}") from exc
         installed = [task.name for task in self.app.tasks.values() if self.install(task)]
-        for signal, receiver in (
-            (celery_signals.worker_process_shutdown, self._release_leases),
-            (celery_signals.worker_shutdown, self._release_leases),
-            (celery_signals.task_postrun, self._task_done),
-        ):
-            signal.connect(receiver, weak=False, dispatch_uid=self._uid(signal.name))
+        for signal in (celery_signals.worker_process_shutdown, celery_signals.worker_shutdown):
+            signal.connect(self._release_leases, weak=False, dispatch_uid=self._uid(signal.name))
         hide_deferral_logs()
         settings = self.settings
         if settings.metrics_port is not None:
@@ -250,13 +246,6 @@ class Governor:
                 self._gate.holding.release_all()
             except Exception as exc:  # shutting down: what stays counted only makes it stricter
                 logger.warning("governor: could not give back leased admissions: %s", exc)
-
-    def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
-        """A task's body ended (in the process that ran it): its concurrency slots go back, and
-        its reservation under meters is forgotten (counted as unsettled if it never settled)."""
-        if self._gate is not None and getattr(sender, "app", None) is self.app:
-            self._gate.holding.release(sender, task_id)
-            self._gate.reservations.done(task_id)
 
     def _uid(self, signal_name: str) -> str:
         """This instance's ``dispatch_uid`` for a Celery signal (see ``__init__``)."""

@@ -154,7 +154,14 @@ def wrap_ack(message: Any, unacked: Callable[[], None]) -> None:
         except Exception:
             unacked()
             raise
+        finally:
+            # once used, off the message: it refers to the message and to its request, a
+            # cycle that would keep both (and the body) until the garbage collector ran
+            mine = vars(message).get("ack")
+            if getattr(mine, "_governor_marking", False):
+                del vars(message)["ack"]
 
+    marking_ack._governor_marking = True  # type: ignore[attr-defined]
     message.ack = marking_ack
 
 

@@ -36,10 +36,16 @@ class Installed(Protocol):
 
 _installed: weakref.WeakKeyDictionary[Any, Installed] = weakref.WeakKeyDictionary()
 _factory: Callable[[Any], Installed] | None = None
+_last: tuple[Any, Installed] | None = None
+"""The app last found and its governor: every task asks (twice in the worker's main process,
+once in the pool), nearly always for the same app, and a weak dictionary's lookup makes a weak
+reference each time. (An installed governor holds its app anyway.)"""
 
 
 def register(app: Any, governor: Installed) -> None:
+    global _last
     _installed[app] = governor
+    _last = None
 
 
 def set_factory(factory: Callable[[Any], Installed]) -> None:
@@ -50,12 +56,19 @@ def set_factory(factory: Callable[[Any], Installed]) -> None:
 
 def find(app: Any) -> Installed | None:
     """The app's governor, or None."""
-    return _installed.get(app)
+    global _last
+    last = _last
+    if last is not None and last[0] is app:
+        return last[1]
+    governor = _installed.get(app)
+    if governor is not None:
+        _last = (app, governor)
+    return governor
 
 
 def of(app: Any) -> Installed:
     """The app's governor, created on first use (a ``GovernedTask`` without ``Governor(app)``)."""
-    governor = _installed.get(app)
+    governor = find(app)
     if governor is None:
         if _factory is None:  # pragma: no cover - governor.celery always sets it
             raise RuntimeError("import governor.celery before using a governed task")

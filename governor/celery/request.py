@@ -36,14 +36,21 @@ class GovernedRequestMixin:
 
     _governor_hold = False
     _governor_dropped = False
+    _governor_governed: bool | None = None
     id: str
     task: Any
     delivery_info: Any
     worker_pid: int | None
 
     def _governed_message(self) -> bool:
-        governor = registry.find(self.task.app)
-        return governor is not None and governor.gate.governs(self.task, self.delivery_info)
+        """Whether governor governs this message (worked out once per message: the dispatch
+        asks, then its acceptance)."""
+        governed = self._governor_governed
+        if governed is None:
+            governor = registry.find(self.task.app)
+            governed = governor is not None and governor.gate.governs(self.task, self.delivery_info)
+            self._governor_governed = governed
+        return governed
 
     def acknowledge(self) -> None:
         if not self._governor_hold:
@@ -137,6 +144,8 @@ class GovernedRequestMixin:
         return gone
 
     def _governor_defer_early(self) -> bool:
+        if not self._governed_message():
+            return False
         governor = registry.find(self.task.app)
         return governor is not None and governor.gate.defer_early(self)
 

@@ -137,6 +137,8 @@ class TaskOptions:
     key_config: LimitConfig | None
     cost: Any
     max_wait: float | None
+    key: Any = None
+    """The task's key function (``governor_key``) as given, when it has a per-key limit."""
 
 
 # -- decisions --------------------------------------------------------------------------
@@ -219,7 +221,7 @@ class WaitState:
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
         raw = (getattr(request, "headers", None) or {}).get(HEADER)
-        if not isinstance(raw, Mapping):
+        if raw is None or not isinstance(raw, Mapping):  # (None first: a quick test)
             return cls()
         slots = raw.get("slots")
         return cls(

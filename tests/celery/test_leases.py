@@ -167,7 +167,7 @@ def test_expired_leases_of_other_subjects_are_given_back(
     for pair in (one, two):
         seen(leases, pair)
     assert leases.grant([one], 1) is not None  # 1 + 2 for "one", never used
-    assert leases._timer is not None  # armed for a span after the lease ends
+    assert leases._due is not None  # the sweeper looks a span after the lease ends
     clock.t += 0.3
     assert leases.grant([two], 1) is not None
     leases.sweep()  # what the timer runs

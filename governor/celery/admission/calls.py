@@ -1,8 +1,9 @@
 """What governs one call of a task: its limits (queue, task, key), its cost, its wait state.
 
 :class:`Calls` works that out for the gate and for early deferral, caching what does not
-depend on the arguments (a task's options, the limits of each task and route). A
-:class:`Call` is the result: everything the admission steps need about one call.
+depend on the arguments (a task's options, the limits of each task and route, with the live
+limits applied until they change). A :class:`Call` is the result: everything the admission
+steps need about one call.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..metering.costs import Learned
 from ..metering.learned import Learning
 from ..types import Call, LimitSpec, TaskOptions, WaitState
 
-__all__ = ["MAX_COST", "Calls", "units"]
+__all__ = ["MAX_COST", "Calls", "Route", "units"]
 
 ROUTES = 10_000
 """Routes (task, routing key, exchange, queue) whose limits a process remembers; routing keys
@@ -56,6 +57,32 @@ def units(task: Any, value: Any) -> int:
     return math.ceil(value)
 
 
+class Route:
+    """What governs the calls of one task from one route (routing key, exchange, queue) under
+    one view of the live limits, before the arguments: worked out again when they change."""
+
+    __slots__ = ("configs", "factors", "fair", "lane", "shadows", "specs")
+
+    def __init__(
+        self,
+        specs: tuple[LimitSpec, ...],
+        shadows: tuple[LimitSpec, ...],
+        configs: object,
+        factors: object,
+    ) -> None:
+        self.specs = specs
+        """The enforced limits, queue first."""
+        self.shadows = shadows
+        self.fair = any(s.config.fair_by is not None for s in specs + shadows)
+        self.configs = configs
+        """The live view's configs and factors these were worked out from (compared by
+        identity: a change of the live limits replaces them)."""
+        self.factors = factors
+        self.lane: Any = None
+        """For the gate: how these limits admit from leases in this process (see
+        ``Gate._lane``)."""
+
+
 class Calls:
     """Works out what governs each call; one per gate (per process)."""
 
@@ -68,6 +95,7 @@ class Calls:
         """Learned estimates (``learned(...)`` in a cost per meter; see :mod:`..metering`)."""
         self._options: dict[str, TaskOptions] = {}
         self._fixed: dict[tuple[Any, ...], tuple[LimitSpec, ...]] = {}
+        self._routes: dict[tuple[Any, ...], Route] = {}
 
     def options(self, task: Any) -> TaskOptions:
         """A task's governor options, read once per task (they are fixed after start-up)."""
@@ -75,13 +103,15 @@ class Calls:
         if opts is None:
             wait = getattr(task, "governor_max_wait", None) or self.settings.max_wait
             task_config = task_limit_config(task, self.settings)
+            keyed = key_config(task, self.settings)
             opts = TaskOptions(
                 task_spec=None
                 if task_config is None
                 else LimitSpec("task", "task", task_config, task.name),
-                key_config=key_config(task, self.settings),
+                key_config=keyed,
                 cost=option(task, "governor_cost", 1),
                 max_wait=None if wait is None else float(wait),
+                key=None if keyed is None else option(task, "governor_key"),
             )
             self._options[task.name] = opts
         return opts
@@ -89,15 +119,36 @@ class Calls:
     def fixed_specs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
         """The enforced limits that do not depend on the arguments: the queue's, then the
         task's (shadow limits left out)."""
-        specs = self._configured(task, delivery_info)
-        specs = self.live.apply(specs) if self.live is not None else specs
-        return [s for s in specs if not s.config.shadow]
+        return list(self.route(task, delivery_info).specs)
 
-    def _configured(self, task: Any, delivery_info: Mapping[str, Any] | None) -> list[LimitSpec]:
-        """:meth:`fixed_specs` as configured (worked out once per task and route: every message
-        asks, in both processes)."""
-        info = delivery_info or {}
-        route = (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))
+    def route(self, task: Any, delivery_info: Mapping[str, Any] | None) -> Route:
+        """The limits of ``task``'s calls from this route, live limits applied: worked out
+        again only when the live limits change (every call asks, in both processes)."""
+        live = self.live
+        configs, factors = live.current() if live is not None else (None, None)
+        key = _route_of(task, delivery_info)
+        route = self._routes.get(key)
+        if route is not None and route.configs is configs and route.factors is factors:
+            return route
+        configured = self._configured(task, delivery_info, key)
+        specs = list(configured) if live is None else live.apply(list(configured))
+        route = Route(
+            tuple(s for s in specs if not s.config.shadow),
+            tuple(s for s in specs if s.config.shadow),
+            configs,
+            factors,
+        )
+        if not (factors and any(s.config.adaptive and s.label in factors for s in specs)):
+            # (an adaptive limit with a factor climbs back with time: worked out every call)
+            if len(self._routes) > ROUTES:
+                self._routes.clear()
+            self._routes[key] = route
+        return route
+
+    def _configured(
+        self, task: Any, delivery_info: Mapping[str, Any] | None, route: tuple[Any, ...]
+    ) -> tuple[LimitSpec, ...]:
+        """The queue's and the task's limits as configured (once per task and route)."""
         specs = self._fixed.get(route)
         if specs is None:
             out = []
@@ -111,13 +162,14 @@ class Calls:
             if len(self._fixed) > ROUTES:
                 self._fixed.clear()
             self._fixed[route] = specs
-        return list(specs)
+        return specs
 
     def specs(
         self, task: Any, request: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> list[LimitSpec]:
         """Every limit that governs this call, queue first."""
-        out = self._configured(task, getattr(request, "delivery_info", None))
+        info = getattr(request, "delivery_info", None)
+        out = list(self._configured(task, info, _route_of(task, info)))
         config = self.options(task).key_config
         if config is not None:
             out.append(key_spec(task, config, args, kwargs))
@@ -125,7 +177,7 @@ class Calls:
 
     def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
         """Whether a message may be governed (checked in the worker's main process)."""
-        return bool(self._configured(task, delivery_info)) or (
+        return bool(self._configured(task, delivery_info, _route_of(task, delivery_info))) or (
             self.options(task).key_config is not None
         )
 
@@ -171,20 +223,22 @@ class Calls:
     ) -> Call:
         """The call ``request`` makes of ``task`` (its cost is 0 when nothing governs it, and
         nothing governs a call that costs nothing)."""
-        every = self.specs(task, request, args, kwargs)
-        if any(s.config.fair_by is not None for s in every):
-            every = [
-                s
-                if s.config.fair_by is None
-                else replace(
-                    s,
-                    tenant=tenant_of(task, request, s, args, kwargs, self.settings.tenant_header),
-                )
-                for s in every
-            ]
-        specs = [s for s in every if not s.config.shadow]
-        shadows = [s for s in every if s.config.shadow]
-        cost, learned = self._cost(task, args, kwargs) if every else (0, None)
+        route = self.route(task, getattr(request, "delivery_info", None))
+        specs, shadows = list(route.specs), list(route.shadows)
+        fair = route.fair
+        opts = self.options(task)
+        config = opts.key_config
+        if config is not None:
+            key = key_spec(task, config, args, kwargs, opts.key)
+            if self.live is not None:
+                [key] = self.live.apply([key])
+            (shadows if key.config.shadow else specs).append(key)
+            fair = fair or key.config.fair_by is not None
+        if fair:
+            header = self.settings.tenant_header
+            specs = _with_tenants(specs, task, request, args, kwargs, header)
+            shadows = _with_tenants(shadows, task, request, args, kwargs, header)
+        cost, learned = self._cost(task, args, kwargs) if specs or shadows else (0, None)
         if cost == 0:  # it costs nothing: no limit counts it, it runs at once
             specs = shadows = []
         state = WaitState.from_request(request)
@@ -193,3 +247,27 @@ class Calls:
     def max_wait(self, task: Any) -> float | None:
         wait: float | None = self.options(task).max_wait
         return wait
+
+
+def _with_tenants(
+    specs: list[LimitSpec],
+    task: Any,
+    request: Any,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    header: str,
+) -> list[LimitSpec]:
+    """``specs`` with the call's tenant on its fair limits (``header``: what the producer's
+    ``governor_tenant`` header may say, ``governor_tenant_header``)."""
+    return [
+        s
+        if s.config.fair_by is None
+        else replace(s, tenant=tenant_of(task, request, s, args, kwargs, header))
+        for s in specs
+    ]
+
+
+def _route_of(task: Any, delivery_info: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """What a task's configured limits depend on: its name and where its message came from."""
+    info = delivery_info or {}
+    return (task.name, info.get("routing_key"), info.get("exchange"), info.get("queue"))

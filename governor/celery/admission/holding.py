@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from celery import signals as celery_signals
 from redis.exceptions import RedisError
 
 from ...concurrency import Permit, renewer
@@ -56,6 +57,7 @@ class Holding:
         self.handover = handover
         self._lock = threading.Lock()
         self._held: dict[str, tuple[float, list[tuple[str, Permit]]]] = {}
+        self._listening = False
 
     def take(self, call: Call, outcome: Outcome) -> None:
         """Keep the slots an admission took until the body ends."""
@@ -66,6 +68,7 @@ class Holding:
         ]
         if not permits:
             return
+        self._listen()
         with self._lock:
             self._held[call.request.id] = (time.monotonic(), permits)
         for _, permit in permits:
@@ -78,6 +81,19 @@ class Holding:
             limits=[label for label, _ in permits],
             handover=None if woken is None else max(0.0, time.time() - woken),
         )
+
+    def _listen(self) -> None:
+        """Release at the end of every body from the first slot this process holds on.
+
+        Celery's tracer sends ``task_postrun`` only while something receives it, and a
+        receiver costs every task a signal dispatch: so governor connects one only in a process
+        that took a slot (before the body that holds it ends)."""
+        if not self._listening:
+            self._listening = True
+            celery_signals.task_postrun.connect(self._task_done, weak=False)
+
+    def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+        self.release(sender, task_id)
 
     def release(self, task: Any, task_id: str | None) -> None:
         """The body of ``task_id`` ended: give its slots back (the oldest waiters get them)."""

@@ -127,10 +127,16 @@ class LiveView:
         self._checked = -float("inf")
         self._lock = threading.Lock()
 
-    def apply(self, specs: list[LimitSpec]) -> list[LimitSpec]:
+    def current(self) -> tuple[dict[str, LimitConfig], dict[str, Factor]]:
+        """The live configurations and the adaptive factors by label, looked at again when
+        :attr:`refresh` seconds have passed. A change replaces both dicts (never updated in
+        place): their identity says whether anything changed since a caller last looked."""
         if time.monotonic() - self._checked >= self.refresh:
             self._look()
-        configs, factors = self.configs, self.factors
+        return self.configs, self.factors
+
+    def apply(self, specs: list[LimitSpec]) -> list[LimitSpec]:
+        configs, factors = self.current()
         if not configs and not factors:
             return specs
         out = []

@@ -96,23 +96,94 @@ def call_with_arguments(
     """Call ``fn`` with the task's arguments by name, so ``lambda customer_id, **_: customer_id``
     works however the task was called (positionally or by keyword)."""
     try:
-        signature = inspect.signature(task.run)
-        bound = signature.bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return fn(*args, **kwargs)
-    bound.apply_defaults()
-    named = dict(bound.arguments)
-    for param in signature.parameters.values():
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(named.pop(param.name, {}))
-    return fn(**named)
+        shape = _shape(task.run)
+    except TypeError:  # not hashable: worked out for this call
+        shape = _Shape(task.run)
+    named = shape.named(args, kwargs)
+    return fn(*args, **kwargs) if named is None else fn(**named)
+
+
+class _Shape:
+    """How a task's arguments get their names: ``inspect.signature``'s binding, worked out
+    once per function (a key function or a fair limit names them for every call)."""
+
+    __slots__ = ("defaults", "names", "signature", "simple", "var_keyword", "words")
+
+    def __init__(self, run: Callable[..., Any]) -> None:
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(run)
+        except (TypeError, ValueError):
+            self.signature = None
+            self.simple = False
+            return
+        kinds = inspect.Parameter
+        params = list(self.signature.parameters.values())
+        self.names = [p.name for p in params if p.kind is kinds.POSITIONAL_OR_KEYWORD]
+        self.words = {
+            p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        }
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        self.var_keyword = next((p.name for p in params if p.kind is kinds.VAR_KEYWORD), None)
+        # the usual signature (no positional-only parameters, no *args) is bound here; any
+        # other by inspect's Signature.bind
+        self.simple = not any(
+            p.kind in (kinds.POSITIONAL_ONLY, kinds.VAR_POSITIONAL) for p in params
+        )
+
+    def named(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The arguments by name, defaults filled in and ``**kwargs`` spread; None when they
+        do not bind (as ``Signature.bind`` would raise)."""
+        if self.simple:
+            names = self.names
+            if len(args) > len(names):
+                return None
+            named = dict(zip(names, args))
+            for key, value in kwargs.items():
+                if key in named or (key not in self.words and self.var_keyword is None):
+                    return None  # given twice, or unexpected
+                named[key] = value
+            for name in self.words:
+                if name not in named:
+                    if name not in self.defaults:
+                        return None  # missing
+                    named[name] = self.defaults[name]
+            return named
+        if self.signature is None:
+            return None
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+        if self.var_keyword is not None:
+            named.update(named.pop(self.var_keyword, {}))
+        return named
+
+
+_shapes: dict[Any, _Shape] = {}
+
+
+def _shape(run: Callable[..., Any]) -> _Shape:
+    shape = _shapes.get(run)
+    if shape is None:
+        if len(_shapes) >= 1024:
+            _shapes.clear()
+        shape = _shapes[run] = _Shape(run)
+    return shape
 
 
 def key_spec(
-    task: Any, config: LimitConfig, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    task: Any,
+    config: LimitConfig,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    key: Callable[..., Any] | None = None,
 ) -> LimitSpec:
-    """The per-key limit of one call; the key function's errors name the task."""
-    key: Callable[..., Any] = option(task, "governor_key")
+    """The per-key limit of one call; the key function's errors name the task. ``key``: the
+    task's ``governor_key`` when the caller has it at hand (else it is looked up)."""
+    if key is None:
+        key = option(task, "governor_key")
     try:
         subject = subject_text(call_with_arguments(task, key, args, kwargs))
     except GovernorError as exc:

@@ -18,7 +18,8 @@ the room the limit last reported (gcra: counting what the span itself takes), so
 room every task asks Redis and a limit that fills up stops leasing by itself.
 
 Units not used are given back when their lease is dropped: at the next lease of this process
-and, for a process gone idle, by a timer a span after the lease ends; also at worker shutdown.
+and, for a process gone idle, by a sweeper thread a span after the lease ends (it looks at most
+every ``SWEEP_EVERY``, 0.25 s); also at worker shutdown.
 The sliding log takes back exactly those units; gcra only a whole lease that is still its
 newest, otherwise they stay counted until its schedule catches up.
 
@@ -59,6 +60,8 @@ SHORTEST = 0.02
 """Spans shorter than this (seconds) are not worth a lease."""
 MARGIN = 0.005
 """The local deadline ends this long (seconds) before the span Redis counted."""
+SWEEP_EVERY = 0.25
+"""The sweeper looks for expired leases at most this often (seconds)."""
 MEMORY = 10_000
 """Limits (limiter, subject) a process remembers the room of; past that it starts afresh."""
 
@@ -97,7 +100,9 @@ class AdmissionLeases:
             self._held: dict[Key, _Lease] = {}
             self._room: dict[Key, int] = {}
             self._next: dict[Key, int] = {}
-            self._timer: threading.Timer | None = None
+            self._wake = threading.Condition(self._lock)
+            self._due: float | None = None  # when the sweeper looks next (clock time)
+            self._sweeper: threading.Thread | None = None
 
     def span_of(self, lim: Limiter) -> float:
         """The span of a lease from ``lim``; 0 when it takes no leases."""
@@ -223,24 +228,39 @@ class AdmissionLeases:
 
     # -- giving back --------------------------------------------------------------------------
 
-    def _arm(self) -> None:
-        """Have expired leases given back a little after the first ends, should this process
-        go idle (lock held)."""
-        if self._timer is None and self._held:
-            wait = max(0.0, min(x.until for x in self._held.values()) - self.clock()) + self.span
-            self._timer = threading.Timer(wait, self.sweep)
-            self._timer.daemon = True
-            self._timer.start()
+    def _arm(self, not_before: float = 0.0) -> None:
+        """Have expired leases given back a span after the first ends, should this process go
+        idle (lock held). One sweeper thread per process waits for that moment (a thread
+        started for each lease would cost more CPU than the tasks it leases for), and looks at
+        most every :data:`SWEEP_EVERY` seconds: while the process is busy its leases are
+        replaced, and given back, by the next grants."""
+        if not self._held or self._due is not None:
+            return
+        self._due = max(min(x.until for x in self._held.values()) + self.span, not_before)
+        self._wake.notify()
+        if self._sweeper is None:
+            self._sweeper = threading.Thread(
+                target=self._sweeping, name="governor-lease-sweeper", daemon=True
+            )
+            self._sweeper.start()
+
+    def _sweeping(self) -> None:
+        lock, wake = self._lock, self._wake  # this process's (a fork makes new ones)
+        while True:
+            with lock:
+                while self._due is None or self._due > self.clock():
+                    wake.wait(None if self._due is None else self._due - self.clock())
+            self.sweep()
 
     def sweep(self) -> None:
         """Give back what expired leases did not use."""
         self._mine()
         with self._lock:
-            self._timer = None
+            self._due = None
             now = self.clock()
             expired = [key for key, lease in self._held.items() if lease.until <= now]
             dropped = [(key, self._drop(key)) for key in expired]
-            self._arm()
+            self._arm(now + SWEEP_EVERY)
         self._give_back(dropped)
 
     def release(self) -> None:
@@ -248,9 +268,7 @@ class AdmissionLeases:
         self._mine()
         with self._lock:
             held, self._held = list(self._held.items()), {}
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._due = None  # the sweeper waits until the next lease
         self._give_back(held)
 
     @staticmethod

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery import signals as celery_signals
 from redis.exceptions import RedisError
 
 from ...costs import Cost
@@ -87,6 +88,17 @@ class Reservations:
         self.learning = learning
         self._lock = threading.Lock()
         self._by_task: dict[str, Reservation] = {}
+        self._listening = False
+
+    def _listen(self) -> None:
+        """Forget each body's reservation when it ends, from the first one this process keeps
+        on (a ``task_postrun`` receiver costs every task a dispatch: only where meters are)."""
+        if not self._listening:
+            self._listening = True
+            celery_signals.task_postrun.connect(self._task_done, weak=False)
+
+    def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+        self.done(task_id)
 
     def keep(self, call: Call, held: Held) -> None:
         """An admitted call: keep what its limits with meters counted."""
@@ -108,6 +120,7 @@ class Reservations:
             call.learned or {},
             metered,
         )
+        self._listen()
         with self._lock:
             if len(self._by_task) >= MEMORY:
                 self._by_task.pop(next(iter(self._by_task)))
