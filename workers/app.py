@@ -24,11 +24,13 @@ Limits, all global (every worker node and process shares them through Redis):
 - task ``workers.nightly.run_job``: 1/s, 20/m, 200/h, 800/d (:mod:`workers.nightly`);
 - per customer, 5/s and 200/h on the partner API (on the task, :mod:`workers.partner_api`);
 - queue ``exports``: 30 a minute and 3 running at once (a warehouse's connections), and one
-  rebuild at a time per account (:mod:`workers.exports`).
+  rebuild at a time per account (:mod:`workers.exports`);
+- queue ``reports``: 2 a second, shared fairly between customers, acme with weight 2
+  (:mod:`workers.reports`).
 
 ::
 
-    celery -A workers.app worker -Q celery,emails,exports -n node1@%h
+    celery -A workers.app worker -Q celery,emails,exports,reports -n node1@%h
     governor -A workers.app status
 """
 
@@ -51,6 +53,9 @@ app.conf.update(
     governor_queues={
         "emails": "10/s, 800/d",
         "exports": {"rules": "30/m", "concurrency": 3},  # 3 connections to the warehouse
+        # a report service's 2 a second, shared between customers: none waits behind another's
+        # batch; acme's plan counts twice
+        "reports": {"rules": "2/s", "fair_by": "customer", "weights": {"acme": 2}},
     },
     # a whole-task limit, kept here with the other operational settings
     governor_tasks={"workers.nightly.run_job": "1/s, 20/m, 200/h, 800/d"},
@@ -67,6 +72,6 @@ if os.environ.get("GOVERNOR_REDIS_CLUSTER", "").lower() in ("1", "true", "t", "y
 governor = Governor(app)
 
 # The task modules register their tasks on import (after `app` and `governor` exist).
-from . import emails, exports, nightly, partner_api  # noqa: E402
+from . import emails, exports, nightly, partner_api, reports  # noqa: E402
 
-__all__ = ["app", "emails", "exports", "governor", "nightly", "partner_api"]
+__all__ = ["app", "emails", "exports", "governor", "nightly", "partner_api", "reports"]

@@ -2,13 +2,13 @@
 Selenium) against the suite's real Redis and a real Celery worker.
 
 Skipped, with the reason, only when the browser is not installed (``.ci/run`` installs it).
-The screenshots they take are the README's (docs/dashboard*.png) when GOVERNOR_SCREENSHOTS=docs
-names the folder; otherwise they go to the temporary directory.
+The screenshots they take are for debugging, in the temporary directory
+(``governor-test-dashboard*.png``); the docs' pictures are taken from the example apps under
+load by ``python -m workers.showcase --screenshots docs/`` (docs/development.md).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -34,8 +34,8 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-DOCS = Path(os.environ.get("GOVERNOR_SCREENSHOTS") or tempfile.gettempdir())
-"""Where the screenshots go: the README's are made with ``GOVERNOR_SCREENSHOTS=docs``."""
+SHOTS = Path(tempfile.gettempdir())
+"""Where the screenshots go (for debugging: the docs' are made by workers.showcase)."""
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="no chromium/chromedriver: apt-get install -y chromium chromium-driver",
@@ -116,7 +116,7 @@ def test_live_overview_while_a_backlog_runs(
             points = f"return document.querySelector('{path}')?.getAttribute('d').split('L').length"
             drawn = wait_for(lambda: browser.execute_script(points) or 0, lambda n: n >= 8, 10)
             assert drawn >= 8  # a line of 8 samples (4 s at 0.5 s)
-            browser.save_screenshot(str(DOCS / "dashboard.png"))
+            browser.save_screenshot(str(SHOTS / "governor-test-dashboard.png"))
 
             # a block made from the CLI shows within the refresh interval
             result = CliRunner().invoke(
@@ -138,7 +138,7 @@ def test_live_overview_while_a_backlog_runs(
                 bool,
                 timeout=5,
             )
-            browser.save_screenshot(str(DOCS / "dashboard-inspect.png"))
+            browser.save_screenshot(str(SHOTS / "governor-test-dashboard-inspect.png"))
             assert not browser.find_elements(By.ID, "write-controls")
             CliRunner().invoke(cli, ["unblock", "queue", q], obj=app)
 
@@ -175,7 +175,7 @@ def test_writes_ask_first_and_redis_going_away(page: Any, prefix: str) -> None:
             wait_for(lambda: _alert(browser), bool, timeout=5).accept()
             state = until(browser, "#block-state", lambda t: "blocked" in t)
             assert "from the page" in state
-            browser.save_screenshot(str(DOCS / "dashboard-writes.png"))
+            browser.save_screenshot(str(SHOTS / "governor-test-dashboard-writes.png"))
 
             browser.find_element(By.ID, "unblock").click()
             wait_for(lambda: _alert(browser), bool, timeout=5).accept()
@@ -186,7 +186,7 @@ def test_writes_ask_first_and_redis_going_away(page: Any, prefix: str) -> None:
             server.stop()
             banner = until(browser, "#banner", lambda t: "unreachable" in t)
             assert "Redis is unreachable" in banner and "cannot reach Redis" in banner
-            browser.save_screenshot(str(DOCS / "dashboard-redis-down.png"))
+            browser.save_screenshot(str(SHOTS / "governor-test-dashboard-redis-down.png"))
             server.start()
             assert until(browser, "#banner", lambda t: t == "") == ""
             assert browser.find_elements(By.CSS_SELECTOR, "section.limit")
@@ -229,7 +229,7 @@ def test_a_limit_page_with_a_pause_and_a_live_limit(
         assert "2/s, 100/h" in text(browser, "#rules-text")
         state = text(browser, '#subjects tr[data-subject="cust-07"] td.state')
         assert "PAUSED by upstream" in state and "HTTP 429" in state
-        browser.save_screenshot(str(DOCS / "dashboard-limit.png"))
+        browser.save_screenshot(str(SHOTS / "governor-test-dashboard-limit.png"))
         browser.find_element(By.ID, "next").click()
         assert until(browser, "#page-info", lambda t: t == "page 2 of 2") == "page 2 of 2"
         browser.find_element(By.ID, "q").send_keys("cust-5")
