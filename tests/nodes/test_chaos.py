@@ -8,7 +8,8 @@ a 429 raises Backoff, which pauses the limit for every node). Bodies last 0.1 s,
 lets through what the rule does (2 slots of 0.2 s would let 10/s through, and the rule would
 never bind). Meanwhile:
 
-- 5 tasks are revoked before they are sent, 5 more while they wait, 5 expire while they wait;
+- 5 tasks are revoked before they are sent, 5 more while they wait in the cap's line, up to 3
+  while they are parked behind a pause, and 5 expire while they wait;
 - 3 unreadable entries are parked (the releasers meet them) and 3 put in the cap's line (a
   freed slot is handed to them): at the start, when the broker slows down, at a pause;
 - the broker's replies and messages reach the workers 3 s late for 3 s (``Proxy.delay`` in
@@ -23,6 +24,7 @@ or lapsed in the cap's line, the unreadable entries are dead letters; no task fa
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from governor import Limiter
 from governor.celery import Governor
 from governor.celery.types import handed_by
 from governor.celery.waiting import dead_letters, parking
+from governor.celery.waiting.envelope import open_envelope
 from governor.embedded import EmbeddedRedis
 from support.celery_helpers import most_at_once, most_in_window, wait_for
 from support.faults_nodes import Proxy, Watch
@@ -84,6 +87,8 @@ class Scene:
     revoked: set[str]
     expiring: set[str]
     sent: float = 0.0
+    maybe: set[str] = field(default_factory=set)
+    """Revoked so close to their start that they may have run (at most once, then)."""
     poison: set[tuple[str, str]] = field(default_factory=set)
     """(dead-letter source, entry) of every unreadable entry put in."""
     delayed: tuple[float, float] = (0.0, 0.0)
@@ -91,6 +96,7 @@ class Scene:
     """(time, live holders of the cap, waiters, parked tasks) over the run."""
     lapsed: set[str] = field(default_factory=set)
     """Holders whose hand-over lapsed (their message came later than a lease), over the run."""
+    parked_revoked: int = 0
 
     @property
     def store(self) -> redis.Redis:
@@ -109,7 +115,7 @@ class Scene:
     @property
     def due(self) -> set[str]:
         """The tasks that must run once."""
-        return set(self.ids) - self.revoked - self.expiring
+        return set(self.ids) - self.revoked - self.expiring - self.maybe
 
 
 def test_chaos_run_on_two_nodes(redis_server: ServerHandle, nodes_factory: Any) -> None:
@@ -139,10 +145,13 @@ def test_chaos_run_on_two_nodes(redis_server: ServerHandle, nodes_factory: Any) 
             revoked={ids[n] for n in REVOKED_FIRST + REVOKED_LATER},
             expiring={ids[n] for n in EXPIRING},
         )
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample, args=(scene, stop), daemon=True)
         try:
             nodes.start(2, concurrency=2, queues=[queue])
             revoke(scene.app, [ids[n] for n in REVOKED_FIRST])
             scene.sent = send(scene, broker)
+            sampler.start()
             scene.poison |= park_poison(scene, tag)
             line_poison(scene, f"{tag}-c0", "{not json")  # at the tail of a long line
             assert len(scene.poison) == 4
@@ -156,9 +165,13 @@ def test_chaos_run_on_two_nodes(redis_server: ServerHandle, nodes_factory: Any) 
             line_poison(scene, f"{tag}-c1", json.dumps({"ct": "text/x-unknown", "b64": False}))
             wait_for(lambda: scene.cap.usage(scene.queue), lambda u: u.paused, 20, every=0.05)
             line_poison(scene, f"{tag}-c2", "[]", timeout=10)
+            revoke_parked(scene)
             settle(scene, timeout=150)
+            stop.set()
+            sampler.join(10)
             check(scene, up)
         finally:
+            stop.set()
             proxy.close()
             scene.watch.close()
             scene.app.close()
@@ -234,20 +247,54 @@ def line_poison(scene: Scene, name: str, text: str, timeout: float = 30.0) -> No
         time.sleep(0.01)
 
 
+def revoke_parked(scene: Scene, most: int = 3, ahead: float = 1.5) -> None:
+    """Once tasks are parked (behind a pause), revoke up to ``most`` of those due ``ahead`` s from
+    now or later: they cannot start before both nodes have the revoke (on a machine so slow
+    that they could, they may run, at most once)."""
+    found = wait_for(
+        lambda: parking.parked_count(scene.store, scene.prefix), lambda n: n >= most, 10, 0.02
+    )
+    if found < most:
+        return
+    due: dict[str, float] = {}
+    for env in parking.parked_entries(scene.store, scene.prefix):
+        try:
+            sig, when, _ = open_envelope(scene.app, json.dumps(env))
+        except Exception:  # an unreadable one of the test's
+            continue
+        if when >= time.time() + ahead and sig.id in scene.due:
+            due[sig.id] = when
+    chosen = sorted(due, key=due.__getitem__)[-most:]
+    if not chosen:
+        return
+    revoke(scene.app, chosen)
+    late = time.time() > min(due[i] for i in chosen) - 0.5  # booked tasks come 0.2 s early
+    (scene.maybe if late else scene.revoked).update(chosen)
+    scene.parked_revoked = 0 if late else len(chosen)
+
+
 def at(moment: float) -> None:
     time.sleep(max(0.0, moment - time.time()))
+
+
+def sample(scene: Scene, stop: threading.Event) -> None:
+    """Until ``stop``: every 0.1 s, the cap's live holders and waiters and the parked tasks,
+    and which hand-overs lapsed."""
+    lim = scene.cap
+    while not stop.wait(0.1):
+        usage = lim.holders(scene.queue)
+        parked = parking.parked_count(scene.store, scene.prefix)
+        scene.samples.append((usage.now, usage.held, usage.waiting, parked))
+        scene.lapsed |= {holder for holder, _ in lim.lapsed(scene.queue)}
 
 
 def settle(scene: Scene, timeout: float) -> None:
     """Wait until every task that should run ran and nothing is left anywhere (the broker's
     queue and unacknowledged messages, parked, the cap's holders and line) for a second, and
-    the broker's late traffic is out; samples the cap and the parked tasks meanwhile."""
+    the broker's late traffic is out."""
     lim, deadline, quiet = scene.cap, time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         usage = lim.holders(scene.queue)
-        parked = parking.parked_count(scene.store, scene.prefix)
-        scene.samples.append((usage.now, usage.held, usage.waiting, parked))
-        scene.lapsed |= {holder for holder, _ in lim.lapsed(scene.queue)}
         idle = scene.watch.left() == 0 and usage.held == 0 and usage.waiting == 0
         if idle and scene.due <= {r["id"] for r in scene.nodes.runs()}:
             quiet = quiet or time.monotonic()
@@ -275,9 +322,10 @@ def check(scene: Scene, up: Any) -> None:
     statuses = up.statuses()
     print(
         f"\nchaos: {len(set(ran) & scene.due)}/{len(scene.due)} ran, {len(twice)} twice, "
-        f"{len(missing)} missing; {len(scene.revoked)} revoked and {len(scene.expiring)} "
-        f"expired, {len(never)} of them ran; at most {most_in_window(counted, 1.0)}/{RATE} "
-        f"admitted in a second, {most_at_once(ends)}/{CAP} at once; {statuses.count(429)} 429s "
+        f"{len(missing)} missing; {len(scene.revoked)} revoked ({scene.parked_revoked} while "
+        f"parked) and {len(scene.expiring)} expired, {len(never)} of them ran; at most "
+        f"{most_in_window(counted, 1.0)}/{RATE} admitted in a second, {most_at_once(ends)}/{CAP} "
+        f"at once; {statuses.count(429)} 429s "
         f"of {len(statuses)} calls; parked at most {max(s[3] for s in scene.samples)}, "
         f"{len(scene.lapsed)} hand-overs lapsed; broker {DELAY:g} s late for {DELAY_FOR:g} s; "
         f"cap idle {back:.2f} s after the last body (lease {LEASE:g} s); "
