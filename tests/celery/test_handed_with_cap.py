@@ -1,9 +1,10 @@
 """A waiter handed a slot by a decision or a refund (not by a release or a sweep) comes with its
 cap: an unreadable one is dead-lettered under that cap and leaves its line at once, and the slot
 goes on to the next waiter (found by the chaos run of issue 18: it was dead-lettered under
-``cap``, held the slot for a whole lease, then stayed lapsed in the line for good). The
-suite's Redis (store db 2, broker db 1); explicit clocks set up the cap, the decisions run on
-Redis's clock (a holder that lapsed 70 s ago is lapsed on either)."""
+``cap``, held the slot for a whole lease, then stayed lapsed in the line for good). A line of
+hundreds of unreadable waiters passes the slot on in a loop (it recursed, and about the 490th
+stayed handed over). The suite's Redis (store db 2, broker db 1); explicit clocks set up the
+cap, the decisions run on Redis's clock (a holder that lapsed 70 s ago is lapsed on either)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import redis
 
 from governor.celery import Governor
-from governor.celery.types import LimitSpec, WaitState, Who
+from governor.celery.types import LimitSpec, WaitState, Who, handed_by
 from governor.celery.waiting import dead_letters
 from governor.celery.waiting.envelope import envelope
 from support.celery_helpers import new_app
@@ -77,3 +78,27 @@ def test_a_refund_hands_an_unreadable_waiter_over_and_it_leaves_the_line(
     usage = lim.holders(q)
     assert usage.held == 0 and usage.waiting == 0  # the slot is free at once, not in a lease
     assert lim.lapsed(q, now=usage.now + 3600) == ()
+
+
+def test_a_long_line_of_unreadable_waiters_passes_the_slot_on_to_its_end(
+    redis_server: ServerHandle,
+) -> None:
+    """``accept_content`` changed under a backlog: 600 waiters nobody can read, then a readable
+    one; a release hands the slot down the whole line: 600 letters, the readable one out."""
+    app, governor, spec, job = capped(redis_server)
+    gate, q = governor.gate, spec.subject
+    lim = gate.store.limiter(spec.name, spec.config)
+    first = gate.decider.decide([spec], 1, WaitState(), who=Who("first:0", "tok", "test"))
+    assert first.allowed
+    for n in range(600):
+        assert lim.wait(q, f"old{n}:0", "{old").status == "queued"
+    good = envelope(app, dict(job.s(1).set(queue=q, task_id="new")), 0.0, f"queue:{q}")
+    assert lim.wait(q, "new:0", good).status == "queued"
+    ((_, _, decision),) = first.held
+    assert decision.hold is not None
+    _, handed = lim.release(q, decision.hold)  # its body ended (as Holding gives it back)
+    gate.handover.publish(handed_by(lim, q, handed))
+    assert len(letters(governor)) == 600
+    usage = lim.holders(q)
+    assert [(h.holder, h.pending) for h in usage.holders] == [("new:0", True)]
+    assert usage.waiting == 0 and redis.Redis.from_url(redis_server.url(1)).llen(q) == 1

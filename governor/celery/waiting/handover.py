@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..types import HEADER, Cap, Handed, handed_by
@@ -41,16 +42,21 @@ class Handover:
         self.settings = settings
 
     def publish(self, handed: Handed) -> int:
-        """Publish each (holder, message, cap); returns how many went out (or were parked)."""
+        """Publish each (holder, message, cap); returns how many went out (or were parked).
+        A slot passed on from a message that cannot go out is published here too, in a loop,
+        not by recursion: a line of unreadable messages (``accept_content`` changed under a
+        backlog) may pass one slot on hundreds of times."""
         from .republish import TRANSIENT  # here: republish imports this module
 
         sent = 0
         now = time.time()
-        for holder, text, cap in handed:
+        todo = deque(handed)
+        while todo:
+            holder, text, cap = todo.popleft()
             try:
                 sig, _due, env = open_envelope(self.app, text)
             except Exception as exc:
-                self._dead(cap, holder, text, f"unreadable: {exc!r}")
+                todo.extend(self._dead(cap, holder, text, f"unreadable: {exc!r}"))
                 continue
             headers = dict(sig.options.get("headers") or {})
             carried = headers.get(HEADER)
@@ -62,27 +68,27 @@ class Handover:
                 if not self._park(holder, sig, str(env.get("label") or ""), exc):
                     continue
             except Exception as exc:  # it never can be sent
-                self._dead(cap, holder, text, f"cannot publish: {exc!r}")
+                todo.extend(self._dead(cap, holder, text, f"cannot publish: {exc!r}"))
                 continue
             sent += 1
         return sent
 
-    def _dead(self, cap: Cap, holder: str, text: str, reason: str) -> None:
+    def _dead(self, cap: Cap, holder: str, text: str, reason: str) -> Handed:
         """Keep a handed-over message that cannot go out in the dead letters, and take it out
-        of its cap's line (the slot goes on to the next waiter)."""
+        of its cap's line; returns the waiters the slot went on to (to publish)."""
         lim, subject = cap
         source = f"cap:{lim.name}:{subject}"
         try:
             dead_letters.put(self.store.client, self.settings.prefix, source, holder, text, reason)
         except Exception as exc:  # Redis away: the hand-over lapses after the lease instead
             logger.error("governor: could not dead-letter %s (%s): %r", holder, reason, exc)
-            return
+            return []
         try:
             left = lim.leave(subject, holder)
         except Exception as exc:  # its hand-over lapses after the lease instead
             logger.warning("governor: %s stays in the line of %s: %r", holder, source, exc)
-            return
-        self.publish(handed_by(lim, subject, left.handed))
+            return []
+        return handed_by(lim, subject, left.handed)
 
     def _park(self, holder: str, sig: Any, label: str, error: Exception) -> bool:
         settings = self.settings
