@@ -1,12 +1,14 @@
 """Issue 18's chaos run: capped, paused and parked tasks on two worker nodes, with revokes,
 expired tasks, unreadable messages and a broker slower than a slot's lease, all at once.
 
-One queue, ``{"rules": "20/s", "concurrency": 2}``, a 2 s slot lease, waits over 1 s parked;
+One queue, ``{"rules": "20/s", "concurrency": 2}``, a 2 s slot lease, waits over 0.5 s parked;
 two `celery worker` nodes x 2 prefork processes (tests/support/worker_nodes.py) run 80 no-op
-tasks and 20 that call an HTTP upstream allowing 3 calls per 2 s (tests/support/upstream_server.py:
+tasks and 20 that call an HTTP upstream allowing 4 calls per 3 s (tests/support/upstream_server.py:
 a 429 raises Backoff, which pauses the limit for every node). Bodies last 0.1 s, so that the cap
 lets through what the rule does (2 slots of 0.2 s would let 10/s through, and the rule would
-never bind). Meanwhile:
+never bind). A pause turns the cap's line over: each waiter handed a slot is denied on arrival
+and sent back to come when the pause ends (1 to 3 s), so parked after 0.5 s (after 1 s, half
+the runs parked nothing). Meanwhile:
 
 - 5 tasks are revoked before they are sent, 5 more while they wait in the cap's line, up to 3
   while they are parked behind a pause, and 5 expire while they wait;
@@ -52,9 +54,9 @@ RATE, CAP, LEASE, BODY = 20, 2, 2.0, 0.1
 NOOP, UPSTREAM = "worker_app.noop", "worker_app.upstream"
 NOOPS, CALLS = 80, 20
 """No-op tasks, and tasks calling the upstream (every fifth one)."""
-QUOTA, QUOTA_WINDOW = 3, 2.0
-"""The upstream's quota: 3 calls per 2 s, well below the 4 a second the limit lets through (a
-429 names 1 or 2 s: waits behind a pause are parked)."""
+QUOTA, QUOTA_WINDOW = 4, 3.0
+"""The upstream's quota: 4 calls per 3 s, well below the 4 a second the limit lets through; a
+429 names the rest of the window, 1 to 3 s."""
 DELAY, DELAY_AT, DELAY_FOR = 3.0, 3.0, 3.0
 """The broker's traffic to the workers is DELAY s late (longer than the lease) for DELAY_FOR s,
 from DELAY_AT s after the tasks were sent."""
@@ -124,7 +126,7 @@ def test_chaos_run_on_two_nodes(redis_server: ServerHandle, nodes_factory: Any) 
     queues = {queue: {"rules": f"{RATE}/s", "concurrency": CAP}}
     conf = {
         "governor_prefix": prefix,
-        "governor_park_after": 1.0,
+        "governor_park_after": 0.5,
         "governor_release_interval": 0.2,
         "governor_concurrency_lease": LEASE,
         "governor_fail_mode": "closed",
@@ -247,28 +249,28 @@ def line_poison(scene: Scene, name: str, text: str, timeout: float = 30.0) -> No
         time.sleep(0.01)
 
 
-def revoke_parked(scene: Scene, most: int = 3, ahead: float = 1.5) -> None:
-    """Once tasks are parked (behind a pause), revoke up to ``most`` of those due ``ahead`` s from
-    now or later: they cannot start before both nodes have the revoke (on a machine so slow
-    that they could, they may run, at most once)."""
-    found = wait_for(
-        lambda: parking.parked_count(scene.store, scene.prefix), lambda n: n >= most, 10, 0.02
-    )
-    if found < most:
-        return
-    due: dict[str, float] = {}
-    for env in parking.parked_entries(scene.store, scene.prefix):
-        try:
-            sig, when, _ = open_envelope(scene.app, json.dumps(env))
-        except Exception:  # an unreadable one of the test's
-            continue
-        if when >= time.time() + ahead and sig.id in scene.due:
-            due[sig.id] = when
+def revoke_parked(scene: Scene, most: int = 3, ahead: float = 1.0, timeout: float = 15) -> None:
+    """As soon as tasks are parked (behind a pause) to run ``ahead`` s from now or later, revoke
+    up to ``most`` of them: they cannot start before both nodes have the revoke (on a machine
+    so slow that they could, they may run, at most once)."""
+
+    def parked() -> dict[str, float]:
+        due: dict[str, float] = {}
+        for env in parking.parked_entries(scene.store, scene.prefix):
+            try:
+                sig, when, _ = open_envelope(scene.app, json.dumps(env))
+            except Exception:  # an unreadable one of the test's
+                continue
+            if when >= time.time() + ahead and sig.id in scene.due:
+                due[sig.id] = when
+        return due
+
+    due = wait_for(parked, lambda found: len(found) >= most, timeout, every=0.05)
     chosen = sorted(due, key=due.__getitem__)[-most:]
     if not chosen:
         return
     revoke(scene.app, chosen)
-    late = time.time() > min(due[i] for i in chosen) - 0.5  # booked tasks come 0.2 s early
+    late = time.time() > min(due[i] for i in chosen) - 0.5  # a body starts at its due time
     (scene.maybe if late else scene.revoked).update(chosen)
     scene.parked_revoked = 0 if late else len(chosen)
 
