@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from ..rules import Rule
 __all__ = [
     "HEADER",
     "Call",
+    "Cap",
     "Deferred",
     "Duplicate",
     "Handed",
@@ -42,6 +43,7 @@ __all__ = [
     "TaskOptions",
     "WaitState",
     "Who",
+    "handed_by",
 ]
 
 logger = logging.getLogger("governor.celery")
@@ -144,7 +146,18 @@ class TaskOptions:
 # -- decisions --------------------------------------------------------------------------
 
 Held = list[tuple[Limiter, LimitSpec, Decision]]
-Handed = list[tuple[str, str]]
+Cap = tuple[Limiter, str]
+"""A concurrency cap: its limiter and subject."""
+Handed = list[tuple[str, str, Cap]]
+"""Waiters a decision or a refund handed a freed slot: (holder, message, the cap whose slot it
+is), for the caller to publish. The cap goes with them: a message that cannot go out leaves
+that cap's line at once (:mod:`.waiting.handover`)."""
+
+
+def handed_by(lim: Limiter, subject: str, pairs: Iterable[tuple[str, str]]) -> Handed:
+    """The (holder, message) pairs a call on ``lim``'s cap over ``subject`` returned, as
+    :data:`Handed`."""
+    return [(holder, message, (lim, subject)) for holder, message in pairs]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ import uuid
 
 from celery import Celery
 
+from governor import Limiter
 from governor.celery import Governor
-from governor.celery.types import HEADER
+from governor.celery.types import HEADER, handed_by
 from governor.celery.waiting import parking
 from governor.celery.waiting.envelope import envelope, open_envelope
 from support.servers import ServerHandle
@@ -40,7 +41,9 @@ def test_a_hand_over_the_broker_refuses_is_parked(redis_server: ServerHandle) ->
     gate = Governor(app).gate
     sig = export.s(7).set(task_id="t-1", headers={HEADER: {"waits": 1}})
     message = envelope(app, dict(sig), 0.0, "task:handover.export")
-    assert gate.handover.publish([("t-1:0", message), ("t-2:0", "not an envelope")]) == 1
+    cap = Limiter(gate.client, None, concurrency=1, name="task", prefix=gate.settings.prefix)
+    handed = handed_by(cap, "handover.export", [("t-1:0", message), ("t-2:0", "not an envelope")])
+    assert gate.handover.publish(handed) == 1
     client, prefix = gate.client, gate.settings.prefix
     assert parking.parked_count(client, prefix) == 1
     _now, taken = parking.take_due(client, prefix, 5.0, 10.0, 10)

@@ -127,11 +127,11 @@ def test_claim_all_late_gives_back_the_late_claims_only(r: redis.Redis, prefix: 
 
 def test_refund_hands_a_freed_slot_to_the_oldest_waiter(r: redis.Redis, prefix: str) -> None:
     """What a refund frees goes to the oldest waiter in the cap's line, whose message comes
-    back for the caller to publish."""
+    back for the caller to publish, with the cap whose slot it got."""
     cap = Limiter(r, None, concurrency=1, name="cap", prefix=prefix)
     cap_spec = LimitSpec("key", "cap", LimitConfig((), "sliding_log", concurrency=1), "q")
     mine = cap.acquire("q", holder="me:0", token="t0")
     assert mine.allowed
     assert cap.wait("q", "waiter:0", "MSG").status == "queued"
     handed = refund([(cap, cap_spec, mine)], 1)
-    assert handed == [("waiter:0", "MSG")]
+    assert handed == [("waiter:0", "MSG", (cap, "q"))]

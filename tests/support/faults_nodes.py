@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import signal
 import socket
 import threading
@@ -186,7 +187,8 @@ def releaser_kill(broker: str, record: str, moment: str = "release-after") -> Ou
 class Proxy:
     """A TCP proxy to a local port. ``drop()``: requests stop reaching the server, ``SETTLE`` s
     later every connection closes and new ones are refused for ``DROP`` s; the server keeps
-    running. With ``match`` set, a request it accepts starts a drop."""
+    running. With ``match`` set, a request it accepts starts a drop. ``delay(by, window)``:
+    what the server sends in the next ``window`` s reaches the clients ``by`` s late."""
 
     def __init__(self, target: int) -> None:
         self.target, self.port = target, free_port()
@@ -195,7 +197,18 @@ class Proxy:
         self.up = self.closed = self.holding = False
         self.match: Callable[[bytes], bool] | None = None
         self.dropped = 0.0
+        self.delayed = (0.0, 0.0, 0.0)
+        """(from, until, by): replies the server sends between from and until (Unix seconds)
+        reach the clients ``by`` s late."""
         self._listen()
+
+    def delay(self, by: float, window: float) -> tuple[float, float]:
+        """From now, for ``window`` s, every reply and message the server sends reaches its
+        client ``by`` s late, in order (what follows it queues behind it); connections stay
+        open and requests go through at once. Returns the window (Unix seconds)."""
+        start = time.time()
+        self.delayed = (start, start + window, by)
+        return start, start + window
 
     def _listen(self) -> None:
         listener = socket.create_server(("127.0.0.1", self.port))
@@ -216,23 +229,50 @@ class Proxy:
                     if not self.up:
                         self._cut()
                         continue
+                late: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
+                threading.Thread(target=self._late, args=(late, client), daemon=True).start()
                 for src, dst in ((client, server), (server, client)):
                     src.settimeout(None)
-                    args = (src, dst, src is client)
+                    args = (src, dst, src is client, late)
                     threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+    def _pump(
+        self,
+        src: socket.socket,
+        dst: socket.socket,
+        upstream: bool,
+        late: queue.SimpleQueue[tuple[float, bytes] | None],
+    ) -> None:
         try:
             while data := src.recv(65536):
-                if not upstream or not self._held(data):
+                if not upstream:
+                    late.put((time.time(), data))  # sent by _late, when its delay is over
+                elif not self._held(data):
                     dst.sendall(data)
         except OSError:
             pass
         finally:
+            if not upstream:
+                late.put(None)
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
             src.close()
+
+    def _late(
+        self, late: queue.SimpleQueue[tuple[float, bytes] | None], client: socket.socket
+    ) -> None:
+        """Send what the server sent to ``client``, in order, each piece ``by`` s after it came
+        when it came within a delay's window (see :meth:`delay`)."""
+        while (item := late.get()) is not None:
+            came, data = item
+            start, until, by = self.delayed
+            if start <= came < until:
+                time.sleep(max(0.0, came + by - time.time()))
+            try:
+                client.sendall(data)
+            except OSError:
+                return
 
     def _held(self, data: bytes) -> bool:
         """Keep a request from the server: one that starts a drop, and while it settles all but

@@ -122,14 +122,24 @@ class Nodes:
                 producer_app.send_task(task, (n,), queue=queue, producer=producer)
         producer_app.close()
 
-    def send(self, queue: str, task: str, calls: list[tuple[Any, ...]]) -> None:
-        """Send one task per argument tuple, as any producer would."""
+    def send(
+        self,
+        queue: str,
+        task: str | list[str],
+        calls: list[tuple[Any, ...]],
+        options: list[dict[str, Any]] | None = None,
+        broker: str | None = None,
+    ) -> None:
+        """Send one task per argument tuple, as any producer would. ``task``: one name, or one
+        per call; ``options``: Celery's options of each call (``task_id``, ``expires``...);
+        ``broker``: another way to the nodes' broker (say, not through a proxy)."""
         from celery import Celery
 
-        producer_app = Celery("producer", broker=self.env["GT_BROKER"])
+        names = [task] * len(calls) if isinstance(task, str) else task
+        producer_app = Celery("producer", broker=broker or self.env["GT_BROKER"])
         with producer_app.producer_or_acquire() as producer:
-            for args in calls:
-                producer_app.send_task(task, args, queue=queue, producer=producer)
+            for name, args, opts in zip(names, calls, options or [{}] * len(calls)):
+                producer_app.send_task(name, args, queue=queue, producer=producer, **opts)
         producer_app.close()
 
     def records(self, kind: str) -> list[Any]:

@@ -32,7 +32,7 @@ from ...concurrency import Permit, renewer
 from ...errors import GovernorError
 from .. import signals
 from ..config.store import Store
-from ..types import Call, Outcome
+from ..types import Call, Outcome, handed_by
 from ..waiting.handover import Handover
 from .calls import Calls
 
@@ -131,7 +131,7 @@ class Holding:
                     label,
                     permit.holder,
                 )
-            self.handover.publish(handed, (permit.limiter, permit.subject))
+            self.handover.publish(handed_by(permit.limiter, permit.subject, handed))
 
     def release_for(self, task: Any, request: Any) -> None:
         """In the worker's main process: the pool process running ``request`` died; release the
@@ -162,9 +162,7 @@ class Holding:
                     spec.label,
                     holder,
                 )
-            self.handover.publish(
-                handed, (self.store.limiter(spec.name, spec.config), spec.subject)
-            )
+            self.handover.publish(handed_by(lim, spec.subject, handed))
 
 
 def holder_info(request: Any) -> str:

@@ -18,7 +18,7 @@ from ...limiter import Limiter
 from ..config.factors import limiter_rules
 from ..config.live import LiveView
 from ..config.store import Store
-from ..types import Handed, LimitSpec, Outcome, WaitState
+from ..types import Handed, LimitSpec, Outcome, WaitState, handed_by
 from .rounds import acquire_all
 
 __all__ = ["PACE", "Pacing"]
@@ -65,7 +65,7 @@ class Pacing:
             return claimed
         for lim, spec, d in claimed.held:
             if d.hold is not None:
-                handed += lim.release(spec.subject, d.hold)[1]
+                handed += handed_by(lim, spec.subject, lim.release(spec.subject, d.hold)[1])
         return None
 
     def pacer(self, spec: LimitSpec) -> Limiter:

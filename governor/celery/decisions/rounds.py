@@ -8,7 +8,8 @@ A limit with a concurrency cap decides its cap in the same call: an admission ta
 the :class:`Who` given (given back with the rest when another limit denies); a full cap denies
 like a block (``decision.capped``: the call then waits in the cap's line, see
 :mod:`governor.celery.waiting.cap_line`). Slots freed on the way may be handed to waiting
-tasks: their messages go into the ``handed`` list the caller passes, for it to publish.
+tasks: their messages go into the ``handed`` list the caller passes, with the cap whose slot
+each got, for it to publish.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ...costs import Cost
 from ...decision import Decision, Slot
 from ...limiter import Limiter
 from ..metering.costs import share
-from ..types import Handed, Held, LimitSpec, Outcome, Who
+from ..types import Handed, Held, LimitSpec, Outcome, Who, handed_by
 
 __all__ = ["acquire_all", "claim_all", "refund", "reserve_all"]
 
@@ -42,7 +43,7 @@ def refund(held: Held, cost: Cost) -> Handed:
     handed: Handed = []
     for lim, spec, d in held:
         if d.slot is not None:
-            handed += lim.refund(spec.subject, d, share(lim, cost))
+            handed += handed_by(lim, spec.subject, lim.refund(spec.subject, d, share(lim, cost)))
     return handed
 
 
@@ -57,7 +58,7 @@ def acquire_all(
     for i, (lim, spec) in enumerate(limiters):
         holder, token, info = _ids(who)
         d = lim.acquire(spec.subject, share(lim, cost), holder=holder, token=token, info=info)
-        handed += d.handed
+        handed += handed_by(lim, spec.subject, d.handed)
         if d.allowed:
             held.append((lim, spec, d))
             continue
@@ -106,14 +107,14 @@ def claim_all(
                 token=token,
                 info=info,
             )
-            handed += d.handed
+            handed += handed_by(lim, spec.subject, d.handed)
             held.append((lim, spec, d))
             if d.capped is not None:
                 handed += refund(held[:-1], cost)
                 for later, later_spec in limiters[i + 1 :]:  # not claimed: still booked
-                    handed += later.refund(
-                        later_spec.subject, Slot(*slots[later.keys(later_spec.subject)[0]]), cost
-                    )
+                    slot = Slot(*slots[later.keys(later_spec.subject)[0]])
+                    given = later.refund(later_spec.subject, slot, cost)
+                    handed += handed_by(later, later_spec.subject, given)
                 return Outcome(False, delay=d.retry_after, now=d.now, spec=spec, decision=d)
         if all(d.allowed for _, _, d in held):
             return Outcome(True, held=held)
@@ -151,9 +152,10 @@ def claim_all(
     # since a duplicate delivery of this message may already have run on them.
     for (lim, spec, d), key in zip(held, keys):
         if d.slot is not None and d.slot != Slot(*slots[key]):
-            handed += lim.refund(spec.subject, d, share(lim, cost))  # a late claim's, taken
+            # a late claim's admission or booking, taken
+            handed += handed_by(lim, spec.subject, lim.refund(spec.subject, d, share(lim, cost)))
         elif d.hold is not None:  # on time, with a slot: only the slot goes back
-            handed += lim.release(spec.subject, d.hold)[1]
+            handed += handed_by(lim, spec.subject, lim.release(spec.subject, d.hold)[1])
     return None
 
 
@@ -204,7 +206,7 @@ def reserve_all(
                 token=token,
                 info=info,
             )
-            handed += d.handed
+            handed += handed_by(lim, spec.subject, d.handed)
             if d.blocked is not None or d.retry_after == math.inf or d.capped is not None:
                 handed += refund(held, cost)
                 return Outcome(False, delay=d.retry_after, now=d.now, spec=spec, decision=d)

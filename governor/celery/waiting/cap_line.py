@@ -29,7 +29,7 @@ from ...text import as_text
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
-from ..types import Call, Deferred, Duplicate, LimitSpec, Outcome
+from ..types import Call, Deferred, Duplicate, LimitSpec, Outcome, handed_by
 from .handover import Handover
 from .republish import Republisher
 
@@ -74,7 +74,7 @@ class CapLine:
         message, state = self.republisher.message(call, label)
         waited = lim.wait(spec.subject, holder_of(call), message)
         if waited.handed:
-            self.republisher.handover.publish(list(waited.handed), (lim, spec.subject))
+            self.republisher.handover.publish(handed_by(lim, spec.subject, waited.handed))
         if waited.status in ("room", "mine"):
             return None
         if waited.status != "queued":  # copy or done, seen only now
@@ -121,7 +121,7 @@ class CapLine:
             return
         if left.place:
             logger.info("governor: %s left the line of %s (%s)", holder, spec.label, left.place)
-        self.republisher.handover.publish(list(left.handed), (lim, spec.subject))
+        self.republisher.handover.publish(handed_by(lim, spec.subject, left.handed))
 
     def _index(self, lim: Limiter, subject: str, due: float) -> None:
         """Have the sweepers look at this cap when its earliest lease could lapse."""
@@ -177,7 +177,7 @@ class CapSweeper:
                 continue
             lim = self._limiter(parsed[0])
             nxt, pairs = lim.sweep(parsed[1], configured=False)
-            handed += self.handover.publish(pairs, (lim, parsed[1]))
+            handed += self.handover.publish(handed_by(lim, parsed[1], pairs))
             if nxt:
                 client.zadd(key, {name: round(nxt * 1000)}, xx=True)
                 continue

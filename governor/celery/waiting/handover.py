@@ -6,9 +6,10 @@ in the broker (a copy delayed past the hand-over's lease keeps its place in line
 ``lua/cap.lua``). A message the broker refuses for a passing reason is known not to be out: it
 is parked (Redis), and the releasers publish it when the broker is back (run once: the parking
 id is claimed). One that cannot be read, or that the broker refuses for good, goes to the dead
-letters (:mod:`.dead_letters`, source ``cap:<limit>:<subject>``); when the caller says which cap
-it came from, it also leaves that cap's line at once, passing the slot on
-(:meth:`~governor.Limiter.leave`), else its hand-over lapses after one lease.
+letters (:mod:`.dead_letters`, source ``cap:<limit>:<subject>``) and leaves that cap's line at
+once, passing the slot on (:meth:`~governor.Limiter.leave`): every hand-over comes with the cap
+whose slot it got (:data:`~governor.celery.types.Handed`), whatever freed it (a release, a
+sweep, a decision, a refund).
 """
 
 from __future__ import annotations
@@ -16,22 +17,20 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ..types import HEADER, Handed
+from ..types import HEADER, Cap, Handed, handed_by
 from . import dead_letters, parking
 from .envelope import envelope, open_envelope
 
 if TYPE_CHECKING:
-    from ...limiter import Limiter
     from ..config.settings import Settings
     from ..config.store import Store
 
 __all__ = ["Cap", "Handover"]
 
 logger = logging.getLogger("governor.celery")
-Cap = tuple["Limiter", str]
-"""The cap a hand-over came from: its limiter and subject."""
 
 
 class Handover:
@@ -42,18 +41,22 @@ class Handover:
         self.store = store
         self.settings = settings
 
-    def publish(self, handed: Handed | tuple[tuple[str, str], ...], cap: Cap | None = None) -> int:
-        """Publish each (holder, message); returns how many went out (or were parked).
-        ``cap``: where they were handed a slot, when the caller knows it."""
+    def publish(self, handed: Handed) -> int:
+        """Publish each (holder, message, cap); returns how many went out (or were parked).
+        A slot passed on from a message that cannot go out is published here too, in a loop,
+        not by recursion: a line of unreadable messages (``accept_content`` changed under a
+        backlog) may pass one slot on hundreds of times."""
         from .republish import TRANSIENT  # here: republish imports this module
 
         sent = 0
         now = time.time()
-        for holder, text in handed:
+        todo = deque(handed)
+        while todo:
+            holder, text, cap = todo.popleft()
             try:
                 sig, _due, env = open_envelope(self.app, text)
             except Exception as exc:
-                self._dead(cap, holder, text, f"unreadable: {exc!r}")
+                todo.extend(self._dead(cap, holder, text, f"unreadable: {exc!r}"))
                 continue
             headers = dict(sig.options.get("headers") or {})
             carried = headers.get(HEADER)
@@ -65,29 +68,27 @@ class Handover:
                 if not self._park(holder, sig, str(env.get("label") or ""), exc):
                     continue
             except Exception as exc:  # it never can be sent
-                self._dead(cap, holder, text, f"cannot publish: {exc!r}")
+                todo.extend(self._dead(cap, holder, text, f"cannot publish: {exc!r}"))
                 continue
             sent += 1
         return sent
 
-    def _dead(self, cap: Cap | None, holder: str, text: str, reason: str) -> None:
-        """Keep a handed-over message that cannot go out in the dead letters; with its cap
-        known, take it out of the line too (the slot goes on to the next waiter)."""
-        source = f"cap:{cap[0].name}:{cap[1]}" if cap is not None else "cap"
+    def _dead(self, cap: Cap, holder: str, text: str, reason: str) -> Handed:
+        """Keep a handed-over message that cannot go out in the dead letters, and take it out
+        of its cap's line; returns the waiters the slot went on to (to publish)."""
+        lim, subject = cap
+        source = f"cap:{lim.name}:{subject}"
         try:
             dead_letters.put(self.store.client, self.settings.prefix, source, holder, text, reason)
         except Exception as exc:  # Redis away: the hand-over lapses after the lease instead
             logger.error("governor: could not dead-letter %s (%s): %r", holder, reason, exc)
-            return
-        if cap is None:
-            return
-        lim, subject = cap
+            return []
         try:
             left = lim.leave(subject, holder)
         except Exception as exc:  # its hand-over lapses after the lease instead
             logger.warning("governor: %s stays in the line of %s: %r", holder, source, exc)
-            return
-        self.publish(left.handed, cap)
+            return []
+        return handed_by(lim, subject, left.handed)
 
     def _park(self, holder: str, sig: Any, label: str, error: Exception) -> bool:
         settings = self.settings
