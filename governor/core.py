@@ -375,20 +375,27 @@ class LimiterBase:
     ) -> Decision:
         if hold is not None:
             return self._capped(reply, cost, hold)
-        parts = reply.split(b" " if isinstance(reply, bytes) else " ", 8)
+        parts = reply.split(b" " if type(reply) is bytes else " ", 8)
         allowed, retry, rule, remaining, reset, now, start, end = map(int, parts[:8])
-        units = cost if isinstance(cost, tuple) else self._units(cost, fits=False)
+        # (every call's cost was checked before its script ran; the usual one: units, no meters)
+        if type(cost) is int and not self.meters:
+            units: tuple[int, ...] = (cost,)
+        else:
+            units = cost if isinstance(cost, tuple) else self._units(cost, fits=False)
         return Decision(
-            allowed=allowed == 1,
-            retry_after=seconds(retry),
-            remaining=remaining,
-            reset_after=seconds(reset),
-            rule=self.rules[rule - 1] if rule > 0 else None,
-            blocked=block_reason(parts[8])[0] if rule == -1 else None,
-            now=now / 1_000_000,
-            slot=Slot(start, end) if end else None,
-            cost=max(units),
-            units=tuple(zip(self.meters, units)),
+            allowed == 1,
+            seconds(retry) if retry else 0.0,
+            remaining,
+            seconds(reset),
+            self.rules[rule - 1] if rule > 0 else None,
+            block_reason(parts[8])[0] if rule == -1 else None,
+            now / 1_000_000,
+            Slot(start, end) if end else None,
+            max(units),
+            None,
+            None,
+            (),
+            tuple(zip(self.meters, units)) if self.meters else (),
         )
 
     def _capped(self, reply: Sequence[Any], cost: Cost | tuple[int, ...], hold: Hold) -> Decision:

@@ -12,6 +12,7 @@ __all__ = [
     "GovernorError",
     "GovernorTimeout",
     "RuleError",
+    "ScriptError",
     "SlotLost",
     "StateError",
     "StorageUnavailable",
@@ -37,6 +38,11 @@ class CostError(GovernorError, ValueError):
 
 class SubjectError(GovernorError, ValueError):
     """A subject (the thing being limited: a customer id, a queue name...) is unusable."""
+
+
+class ScriptError(GovernorError):
+    """A Lua script's ``-- @include`` or ``-- @rate`` directive names nothing that exists
+    (governor's own files are broken: raised when the script is loaded)."""
 
 
 class StateError(GovernorError):

@@ -1,6 +1,5 @@
--- cap.lua: a concurrency cap over one subject: at most `limit` holders at once. Shared by the
--- capped decision script (common.lua, cap.lua, the rules as `rate()`, cap_decide.lua) and
--- the cap's own operations (common.lua, cap.lua, cap_ops.lua); see governor/scripts.py.
+-- cap.lua: a concurrency cap over one subject: at most `limit` holders at once. Included by
+-- the capped decision script (cap_decide.lua) and the cap's own operations (cap_ops.lua).
 --
 -- A slot is a lease held by a holder id (a Celery task: "<task id>:<retries>"), not a count:
 -- a holder that stops renewing loses it when its lease lapses, and every script that runs on
@@ -31,6 +30,8 @@
 -- KEYS[8]  ZSET lapsed: id -> when its hand-over lapsed (ms)
 -- ARGV     the decision's (common.lua), then six more: limit ('' = from cfg), lease_us,
 --          holder id, token, info (free text for operators), message ('' = none)
+-- Returns  nothing itself (the helpers of cap_decide.lua and cap_ops.lua: see their replies)
+-- @include common
 local cap_at = #ARGV - 5
 local HK, XK, WK, DK, KK, LK = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local holder, token, info, message =

@@ -1,6 +1,7 @@
--- cap_decide.lua: a decision under rules and a concurrency cap at once (after common.lua,
--- cap.lua and the rules as `rate()`, which returns their decision, or nil to admit: see
--- cap_none.lua for a cap without rules). See cap.lua for KEYS[3..8] and the extra ARGV.
+-- cap_decide.lua: a decision under rules and a concurrency cap at once: common.lua, cap.lua,
+-- then the rules' script as `rate()` (where it says @rate: governor/scripts.py puts the
+-- algorithm there, or cap_none.lua for a cap without rules), which returns their decision, or
+-- nil to admit. KEYS[1..2] and ARGV: see common.lua; KEYS[3..8] and the extra ARGV: cap.lua.
 --
 -- The cap is asked first; only when it has a slot for the holder are the rules asked, and
 -- the slot is taken only when they admit too (all or nothing). A booking claimed while the cap
@@ -12,6 +13,9 @@
 -- Returns {decision (common.lua's string; a cap denial has rule -2 and reason full, copy or
 --          done), fence (0 unless a slot was taken), free slots after it, then (id, message)
 --          pairs of waiters this call handed a slot to: the caller publishes them}
+-- @include common
+-- @include cap
+-- @rate
 local out = {}
 if op == 'refund' then  -- give back the rules' admission or booking, and the slot if it took one
   rate()

@@ -1,4 +1,4 @@
--- cap_ops.lua: what happens to a concurrency cap besides decisions (after common.lua, with no
+-- cap_ops.lua: what happens to a concurrency cap besides decisions (it includes common.lua, with no
 -- rules, and cap.lua; see there for KEYS[3..8] and the extra ARGV). ARGV[2] is the operation:
 --
 -- release  give up `holder`'s slot: its token must match (or, with token '', its info: the
@@ -20,6 +20,8 @@
 -- lapsed   the oldest 100 lapsed hand-overs. Returns {now_ms, id, lapsed_ms, id, lapsed_ms...}
 -- usage    {now_ms, limit, waiting, then per holder: id, until_ms, entry} (the oldest first)
 -- "..." is now_ms, then (id, message) pairs of waiters handed a slot: the caller publishes them.
+-- @include common
+-- @include cap
 local out = {}
 local function reply(a, b)
   local r = {a, b, now_ms}

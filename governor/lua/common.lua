@@ -1,4 +1,5 @@
--- common.lua: the prelude governor puts in front of every algorithm script (see governor/scripts.py).
+-- common.lua: the prelude of every algorithm script and of the cap's (each says
+-- `-- @include common`; governor/scripts.py resolves it).
 --
 -- KEYS[1]  the subject's state (the algorithm's own key)
 -- KEYS[2]  the subject's manual block: a string "<until_us>:<reason>"
@@ -64,24 +65,36 @@ local win = {struct.unpack(rules_format, ARGV[1], 8 * n + 1)}
 lim[n + 1], win[n + 1] = nil, nil
 
 -- Per rule: the units charged (ARGV[4] form) and the meter they count in; M meters in all.
--- plain: one integer for every rule (a limiter without meters).
-local function parse_cost(text)
-  local units, of = {}, {}
-  local one = tonumber(text)
-  if one then
-    for i = 1, n do units[i], of[i] = one, 1 end
-    return units, of, 1
+-- plain: one integer for every rule (a limiter without meters). parse_cost reads the per-rule
+-- form (and settle's use); a plain cost, the usual one, is read here, with no function made.
+local cost, meter, M, plain, parse_cost = nil, nil, 1, tonumber(ARGV[4]) ~= nil, nil
+if plain then  -- (n ones made at once: a table grown one by one is resized as it goes)
+  local one = tonumber(ARGV[4])
+  meter = {string.byte(string.rep('\1', n), 1, n)}
+  cost = meter
+  if one ~= 1 then
+    cost = {}
+    for i = 1, n do cost[i] = one end
   end
-  local top = 1
-  for u, m in string.gmatch(text, '(%d+)@(%d+)') do
-    units[#units + 1], of[#of + 1] = tonumber(u), tonumber(m)
-    if of[#of] > top then top = of[#of] end
-  end
-  if #units ~= n then return error('governor: cost does not match the rules: ' .. text) end
-  return units, of, top
 end
-local cost, meter, M = parse_cost(ARGV[4])
-local plain = tonumber(ARGV[4]) ~= nil
+if not plain or op == 'settle' then
+  parse_cost = function(text)
+    local units, of = {}, {}
+    local one = tonumber(text)
+    if one then
+      for i = 1, n do units[i], of[i] = one, 1 end
+      return units, of, 1, true
+    end
+    local top = 1
+    for u, m in string.gmatch(text, '(%d+)@(%d+)') do
+      units[#units + 1], of[#of + 1] = tonumber(u), tonumber(m)
+      if of[#of] > top then top = of[#of] end
+    end
+    if #units ~= n then return error('governor: cost does not match the rules: ' .. text) end
+    return units, of, top, false
+  end
+  if not plain then cost, meter, M = parse_cost(ARGV[4]) end
+end
 
 -- never: the first rule whose limit is below its cost (such a request can never pass), or nil
 local maxlim, maxwin, never = 0, 0, nil
@@ -95,13 +108,6 @@ local extra = #ARGV[1] > 16 * n and struct.unpack('<d', ARGV[1], 16 * n + 1) or 
 -- Integers as exact decimal text (tostring would round above 14 digits).
 local function fmt(x)
   return string.format('%d', x)
-end
-
--- floor(a / b) for integers, exactly (a double quotient may round up to the next integer).
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
 end
 
 -- PEXPIRE argument for a duration in microseconds: rounded up, at least 1 ms. (Arguments to
@@ -143,73 +149,65 @@ local function blocked_reply(untl, reason)
   return decision(0, untl - now, -1, 0, untl - now, 0, 0, reason)
 end
 
-local function usage_reply(per_rule, booked, booked_until)
-  local untl, reason = read_block()
-  local out = {now, untl or 0, reason or '', booked or 0, booked_until or 0}
-  for i = 1, #per_rule do out[#out + 1] = per_rule[i] end
-  return out
-end
-
--- Numbers packed as little-endian doubles (the state of all but the sliding log).
-local function unpack_numbers(raw, count)
-  if #raw ~= 8 * count then return nil end
-  local out = {struct.unpack('<' .. string.rep('d', count), raw)}
-  out[count + 1] = nil
-  return out
-end
-
-local function pack_numbers(values)
-  local count = #values
-  if count <= 4000 then return struct.pack('<' .. string.rep('d', count), unpack(values)) end
-  local parts = {}  -- unpack gives at most a few thousand values at once
-  for j = 1, count, 4000 do
-    local last = min(count, j + 3999)
-    parts[#parts + 1] = struct.pack('<' .. string.rep('d', last - j + 1), unpack(values, j, last))
+-- What only some operations use is made only by them (Lua makes every closure afresh on each
+-- call, at a price: a decision makes none of these).
+local usage_reply, idiv, give, charge, settled_reply, sync_charge
+if op == 'usage' then
+  usage_reply = function(per_rule, booked, booked_until)
+    local untl, reason = read_block()
+    local out = {now, untl or 0, reason or '', booked or 0, booked_until or 0}
+    for i = 1, #per_rule do out[#out + 1] = per_rule[i] end
+    return out
   end
-  return table.concat(parts)
-end
-
--- settle: the units given back (estimate beyond use) and charged (use beyond estimate) per
--- rule; sync: the units charged per rule. nil for other ops. A settle whose id was settled
--- before, or whose lease ended, answers here: the algorithm never sees it.
-local give, charge = nil, nil
-if op == 'settle' then
-  local used = parse_cost(ARGV[7])
-  local ids, lease, id = KEYS[3], tonumber(ARGV[8]), ARGV[9]
-  redis.call('ZREMRANGEBYSCORE', ids, '-inf', '(' .. fmt(now))
-  if redis.call('ZSCORE', ids, id) then return 'duplicate ' .. fmt(now) end
-  if now > slot_start + lease then return 'lapsed ' .. fmt(now) end
-  redis.call('ZADD', ids, fmt(slot_start + lease), id)
-  local last = redis.call('ZRANGE', ids, '-1', '-1', 'WITHSCORES')[2]
-  redis.call('PEXPIRE', ids, ttl_ms(tonumber(last) - now))
-  give, charge = {}, {}
-  for i = 1, n do
-    give[i], charge[i] = max(0, cost[i] - used[i]), max(0, used[i] - cost[i])
+elseif op == 'settle' or op == 'sync' then
+  -- floor(a / b) for integers, exactly (a double quotient may round up to the next integer).
+  idiv = function(a, b)
+    local q = math.floor(a / b)
+    if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+    return q
   end
-end
 
-local function settled_reply(back, charged)
-  local out = {'settled', fmt(now)}
-  for i = 1, n do
-    out[#out + 1] = fmt(back[i])
-    out[#out + 1] = fmt(charged[i])
-  end
-  return table.concat(out, ' ')
-end
-
--- sync: the rule whose room is compared with the upstream's, given each rule's room now;
--- returns the units to charge to the meter, per rule.
-local function sync_charge(room)
-  local m, rule, upstream = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  local mine = nil
-  for i = 1, n do
-    if meter[i] == m and (rule == 0 or rule == i) then
-      local r = room(i)
-      if mine == nil or r < mine then mine = r end
+  -- settle: the units given back (estimate beyond use) and charged (use beyond estimate) per
+  -- rule; sync: the units charged per rule (nil for sync). A settle whose id was settled
+  -- before, or whose lease ended, answers here: the algorithm never sees it.
+  if op == 'settle' then
+    local used = parse_cost(ARGV[7])
+    local ids, lease, id = KEYS[3], tonumber(ARGV[8]), ARGV[9]
+    redis.call('ZREMRANGEBYSCORE', ids, '-inf', '(' .. fmt(now))
+    if redis.call('ZSCORE', ids, id) then return 'duplicate ' .. fmt(now) end
+    if now > slot_start + lease then return 'lapsed ' .. fmt(now) end
+    redis.call('ZADD', ids, fmt(slot_start + lease), id)
+    local last = redis.call('ZRANGE', ids, '-1', '-1', 'WITHSCORES')[2]
+    redis.call('PEXPIRE', ids, ttl_ms(tonumber(last) - now))
+    give, charge = {}, {}
+    for i = 1, n do
+      give[i], charge[i] = max(0, cost[i] - used[i]), max(0, used[i] - cost[i])
     end
   end
-  local extra = max(0, (mine or 0) - upstream)
-  local out = {}
-  for i = 1, n do out[i] = meter[i] == m and extra or 0 end
-  return out, extra
+
+  settled_reply = function(back, charged)
+    local out = {'settled', fmt(now)}
+    for i = 1, n do
+      out[#out + 1] = fmt(back[i])
+      out[#out + 1] = fmt(charged[i])
+    end
+    return table.concat(out, ' ')
+  end
+
+  -- sync: the rule whose room is compared with the upstream's, given each rule's room now;
+  -- returns the units to charge to the meter, per rule.
+  sync_charge = function(room)
+    local m, rule, upstream = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+    local mine = nil
+    for i = 1, n do
+      if meter[i] == m and (rule == 0 or rule == i) then
+        local r = room(i)
+        if mine == nil or r < mine then mine = r end
+      end
+    end
+    local extra = max(0, (mine or 0) - upstream)
+    local out = {}
+    for i = 1, n do out[i] = meter[i] == m and extra or 0 end
+    return out, extra
+  end
 end

@@ -11,6 +11,8 @@
 -- Settle: units not used go back to the window the reservation was counted in, if it is still
 -- the current one (a passed window gives nothing back); use beyond the estimate is counted in
 -- the current window, admitted or not.
+-- @include common
+-- @include packed
 local key = KEYS[1]
 local raw = redis.call('GET', key)
 local st = nil
@@ -22,13 +24,50 @@ for i = 1, n do
   if st and st[2 * i - 1] >= idx[i] then idx[i], cnt[i] = st[2 * i - 1], st[2 * i] end
 end
 
+-- A decision (every operation but usage, refund, settle and sync), inline: the functions below
+-- are made only by those (Lua makes every closure afresh on each call). As window_end(),
+-- remaining(), reset_after() and store() do.
+if op ~= 'usage' and op ~= 'refund' and op ~= 'settle' and op ~= 'sync' then
+  local untl, reason = read_block()
+  if untl then return blocked_reply(untl, reason) end
+  local wait, rule = 0, 0
+  if not never then
+    for i = 1, n do
+      local e = (idx[i] + 1) * win[i] - now
+      if cost[i] > 0 and cnt[i] + cost[i] > lim[i] and e > wait then wait, rule = e, i end
+    end
+    if wait == 0 then
+      for i = 1, n do cnt[i] = cnt[i] + cost[i] end
+    end
+  end
+  local best, live = nil, 0  -- what remains; when the last window with a count ends
+  for i = 1, n do
+    local r = max(0, lim[i] - cnt[i])
+    if best == nil or r < best then best = r end
+    local e = (idx[i] + 1) * win[i] - now
+    if cnt[i] > 0 and e > live then live = e end
+  end
+  if never then return decision(0, -1, never, best, live, 0, 0, '') end
+  if wait > 0 then return decision(0, wait, rule, best, live, 0, 0, '') end
+  if op == 'peek' then return decision(1, 0, 0, best, live, 0, 0, '') end
+  if live <= 0 then
+    redis.call('DEL', key)
+  else
+    local parts = {}
+    for i = 1, n do parts[2 * i - 1], parts[2 * i] = idx[i], cnt[i] end
+    redis.call('SET', key, pack_numbers(parts), 'PX', ttl_ms(live))
+  end
+  return decision(1, 0, 0, best, live, now, now, '')
+end
+
 local function window_end(i)
   return (idx[i] + 1) * win[i] - now
 end
 
--- Rule i's room now, in units.
-local function room(i)
-  return math.max(0, lim[i] - cnt[i])
+-- Rule i's room now, in units (sync only: the other calls do not make it).
+local room
+if op == 'sync' then
+  room = function(i) return max(0, lim[i] - cnt[i]) end
 end
 
 local function remaining()

@@ -12,6 +12,8 @@
 -- at most its units still ahead of t, floor((s + e x T - t) / T), can go back (and none
 -- of what later calls already use: never more than the schedule holds past t). Use beyond the
 -- estimate is charged now: tat = max(tat, now) + units x T.
+-- @include common
+-- @include packed
 local key = KEYS[1]
 local T, B, tat = {}, {}, {}
 local raw = redis.call('GET', key)
@@ -19,9 +21,48 @@ if raw then
   if n == 1 then tat = {tonumber(raw)} else tat = unpack_numbers(raw, n) or {} end
 end
 for i = 1, n do
-  T[i] = math.ceil(win[i] / lim[i])
+  T[i] = ceil(win[i] / lim[i])
   B[i] = T[i] * lim[i]
   tat[i] = tat[i] or 0
+end
+
+-- The usual decision (acquire, peek), inline: the functions below are made only by the other
+-- operations (Lua makes every closure afresh on each call). As earliest(now), then advance,
+-- remaining(now), reset_after() and store() do.
+if op == 'acquire' or op == 'peek' then
+  local untl, reason = read_block()
+  if held_by(untl) then return blocked_reply(untl, reason) end
+  local at, rule, first = now, 0, 1
+  while first < n and cost[first] == 0 do first = first + 1 end
+  for i = 1, n do
+    local x = tat[i] + cost[i] * T[i] - B[i]
+    if cost[i] > 0 and x > at then at, rule = x, i end
+  end
+  local admitted, before = not never and at <= now, tat[first]
+  if admitted then
+    for i = 1, n do
+      if cost[i] > 0 then tat[i] = max(tat[i], now) + cost[i] * T[i] end
+    end
+  end
+  local best, last = nil, now  -- what remains; the latest schedule
+  for i = 1, n do
+    local r = math.floor((now + B[i] - max(tat[i], now)) / T[i])
+    if r > lim[i] then r = lim[i] end
+    if r < 0 then r = 0 end
+    if best == nil or r < best then best = r end
+    if tat[i] > last then last = tat[i] end
+  end
+  if never then return decision(0, -1, never, best, last - now, 0, 0, '') end
+  if not admitted then return decision(0, at - now, rule, best, last - now, 0, 0, '') end
+  if op == 'peek' then return decision(1, 0, 0, best, last - now, 0, 0, '') end
+  if last <= now then
+    redis.call('DEL', key)
+  elseif n == 1 then
+    redis.call('SET', key, fmt(tat[1]), 'PX', ttl_ms(last - now))
+  else
+    redis.call('SET', key, pack_numbers(tat), 'PX', ttl_ms(last - now))
+  end
+  return decision(1, 0, 0, best, last - now, now, max(before, now), '')
 end
 
 -- Earliest moment >= t0 at which every rule admits its cost, and the rule that set it.
@@ -41,7 +82,7 @@ while first < n and cost[first] == 0 do first = first + 1 end
 local function remaining(t)
   local best = nil
   for i = 1, n do
-    local r = math.floor((t + B[i] - math.max(tat[i], t)) / T[i])
+    local r = math.floor((t + B[i] - max(tat[i], t)) / T[i])
     if r > lim[i] then r = lim[i] end
     if r < 0 then r = 0 end
     if best == nil or r < best then best = r end
@@ -75,20 +116,22 @@ end
 -- Count the cost at moment eff for every rule charged.
 local function advance(eff)
   for i = 1, n do
-    if cost[i] > 0 then tat[i] = math.max(tat[i], eff) + cost[i] * T[i] end
+    if cost[i] > 0 then tat[i] = max(tat[i], eff) + cost[i] * T[i] end
   end
 end
 
--- Rule i's room now, in units.
-local function room(i)
-  return math.max(0, math.min(lim[i], math.floor((now + B[i] - math.max(tat[i], now)) / T[i])))
-end
-
--- Charge per-rule units now, admitted or not (settle's overrun, sync); a schedule reaches at
--- most 2^52 us (142 years) ahead.
-local function charge_now(units)
-  for i = 1, n do
-    if units[i] > 0 then tat[i] = math.min(math.max(tat[i], now) + units[i] * T[i], now + 2 ^ 52) end
+-- settle and sync only (the other calls do not make them): rule i's room now, in units; and
+-- a charge of per-rule units now, admitted or not (settle's overrun, sync), a schedule
+-- reaching at most 2^52 us (142 years) ahead.
+local room, charge_now
+if op == 'settle' or op == 'sync' then
+  room = function(i)
+    return max(0, min(lim[i], math.floor((now + B[i] - max(tat[i], now)) / T[i])))
+  end
+  charge_now = function(units)
+    for i = 1, n do
+      if units[i] > 0 then tat[i] = min(max(tat[i], now) + units[i] * T[i], now + 2 ^ 52) end
+    end
   end
 end
 
@@ -163,13 +206,13 @@ if at <= now and (op ~= 'reserve' or not_before <= now) then
   if op == 'peek' then return decision(1, 0, 0, remaining(now), reset_after(), 0, 0, '') end
   store()
   -- the slot's end is where this admission sits in the first charged rule's schedule (refunds)
-  return decision(1, 0, 0, remaining(now), reset_after(), now, math.max(before, eff), '')
+  return decision(1, 0, 0, remaining(now), reset_after(), now, max(before, eff), '')
 end
 if op ~= 'reserve' then
   return decision(0, at - now, rule, remaining(now), reset_after(), 0, 0, '')
 end
 
-local slot = earliest(math.max(now, not_before))
+local slot = earliest(max(now, not_before))
 if max_wait >= 0 and slot - now > max_wait then
   return decision(0, slot - now, rule, remaining(now), reset_after(), 0, 0, '')
 end

@@ -32,50 +32,63 @@
 --
 -- Cost per call: O(log k) reads for k entries, whatever the units; an entry written before
 -- b newer ones (a booking ahead of it) rewrites those b (one LTRIM and one LPUSH).
+--
+-- Speed: Lua makes every closure afresh on each call, at a price that grows with what it
+-- captures. The usual decision (acquire, peek or a reserve for now, on a log of one-unit
+-- entries with nothing ahead) is decided inline and written at the head with no function made;
+-- the general way makes its searches, and only the calls that rewrite the log make the writers
+-- (see the sections below; docs/benchmarks.md has the figures).
+-- @include common
 local key = KEYS[1]
 local E = 1 + M  -- list elements per entry
 local CAP = 20000  -- entries kept at most (governor.algorithms.MAX_LOG)
 local FIRST = 32  -- entries in the first read (with meta and base when they follow); then one by one
+-- Entries that can count no more (at or before now minus the longest window) are dropped when
+-- a write leaves the log with more than KEEP entries: a log as short as its largest limit (as
+-- the stamp log was) keeps them, so most writes touch only its head. They lie outside every
+-- window while the clock goes forward, and count exactly if it steps back.
+local KEEP = min(maxlim, FIRST)
 
--- A log written in governor's first layout (one stamp per unit, key suffix 'sl') becomes an
--- entry log under this key (suffix 'lg'): read once, left to expire (older workers may still
--- write it).
-local function migrate()
-  if not plain or string.sub(key, -3) ~= ':lg' then return end
+local first = redis.call('LRANGE', key, '0', E == 2 and '65' or fmt(FIRST * E + 1))
+if #first == 0 and plain and string.sub(key, -3) == ':lg' then
+  -- A log written in governor's first layout (one stamp per unit, key suffix 'sl') becomes an
+  -- entry log under this key (suffix 'lg'): read once, left to expire (older workers may still
+  -- write it).
   local old = string.sub(key, 1, -3) .. 'sl'
   local vals = redis.call('LRANGE', old, '0', '-1')
-  if #vals < 2 then return end
-  local f, t = string.match(vals[#vals - 1], '^f(%-?%d*):(%d+)$')
-  local b = string.match(vals[#vals], '^b(%-?%d+)$')
-  if not (t and b) then return end
+  local f, t, b
+  if #vals >= 2 then
+    f, t = string.match(vals[#vals - 1], '^f(%-?%d*):(%d+)$')
+    b = string.match(vals[#vals], '^b(%-?%d+)$')
+  end
   local groups = {}  -- {offset, units}, newest first
-  for i = 1, #vals - 2 do
+  for i = 1, (t and b) and #vals - 2 or 0 do
     local v = tonumber(vals[i])
-    if not v then return end
+    if not v then
+      groups = nil
+      break
+    end
     local g = groups[#groups]
     if g and g[1] == v then g[2] = g[2] + 1 else groups[#groups + 1] = {v, 1} end
   end
-  local ys, y = {}, 0
-  for j = #groups, 1, -1 do
-    y = y + groups[j][2] - 1
-    ys[j] = y
+  if t and b and groups then
+    local ys, y = {}, 0
+    for j = #groups, 1, -1 do
+      y = y + groups[j][2] - 1
+      ys[j] = y
+    end
+    local out = {}
+    for j = 1, #groups do
+      out[#out + 1] = fmt(groups[j][1])
+      out[#out + 1] = fmt(ys[j])
+    end
+    out[#out + 1] = 'f' .. f .. ':' .. t .. ':0'
+    out[#out + 1] = 'b' .. b
+    for j = 1, #out, 4000 do redis.call('RPUSH', key, unpack(out, j, min(#out, j + 3999))) end
+    local pttl = redis.call('PTTL', old)
+    if pttl > 0 then redis.call('PEXPIRE', key, pttl) end
+    first = redis.call('LRANGE', key, '0', fmt(FIRST * E + 1))
   end
-  local out = {}
-  for j = 1, #groups do
-    out[#out + 1] = fmt(groups[j][1])
-    out[#out + 1] = fmt(ys[j])
-  end
-  out[#out + 1] = 'f' .. f .. ':' .. t .. ':0'
-  out[#out + 1] = 'b' .. b
-  for j = 1, #out, 4000 do redis.call('RPUSH', key, unpack(out, j, min(#out, j + 3999))) end
-  local pttl = redis.call('PTTL', old)
-  if pttl > 0 then redis.call('PEXPIRE', key, pttl) end
-end
-
-local first = redis.call('LRANGE', key, '0', fmt(FIRST * E + 1))
-if #first == 0 then
-  migrate()
-  first = redis.call('LRANGE', key, '0', fmt(FIRST * E + 1))
 end
 local len = #first
 if len == FIRST * E + 2 then len = redis.call('LLEN', key) end
@@ -90,171 +103,435 @@ if len > 0 then
   local f, t, ys = string.match(meta or '', '^f(%-?%d*):(%d+):([%d,%-]+)$')
   base = tonumber(string.match(b or '', '^b(%-?%d+)$') or '')
   if not (t and base) or (len - 2) % E ~= 0 then corrupt('sliding log') end
-  local m = 0
-  for v in string.gmatch(ys, '[^,]+') do
-    m = m + 1
-    Y[m] = tonumber(v)
-    if not Y[m] then corrupt('sliding log') end
+  if M == 1 then
+    Y[1] = tonumber(ys)
+    if not Y[1] then corrupt('sliding log') end
+  else
+    local m = 0
+    for v in string.gmatch(ys, '[^,]+') do
+      m = m + 1
+      Y[m] = tonumber(v)
+      if not Y[m] then corrupt('sliding log') end
+    end
+    if m ~= M then corrupt('sliding log') end
   end
-  if m ~= M then corrupt('sliding log') end
   k, maxtol = (len - 2) / E, tonumber(t)
   if f ~= '' then floor_us = (base + tonumber(f)) * 1000 end
 end
 local exists = len > 0
 local dirty = false  -- meta changed (floor, maxtol, Y)
 
--- Entries read so far (0-based i): cs[i] the stamp in us, cy[i * M + m] its y for meter m.
-local cs, cy, prefetched = {}, {}, FIRST  -- (entries still valid in `first`)
-local function load(i)
-  local raw, o = first, i * E
-  if i >= prefetched then raw, o = redis.call('LRANGE', key, fmt(i * E), fmt(i * E + E - 1)), 0 end
-  local v = tonumber(raw[o + 1])
-  if not v then corrupt('sliding log') end
-  cs[i] = (base + v) * 1000
-  for m = 1, M do
-    v = tonumber(raw[o + 1 + m])
-    if not v then corrupt('sliding log') end
-    cy[i * M + m] = v
-  end
+-- The entries (0-based i, newest first): S[i] the stamp in us, Yv[i * M + m] its y for meter m,
+-- and Yv[k * M + m] = Y[m] (below the oldest). An entry is parsed when first looked at, from
+-- `first` while it holds the entry, else read alone: by at() in the usual decision, by a
+-- metamethod (fetch) the general way.
+local S, Yv, fetched, shift = {}, {}, FIRST, 0  -- (entry i is `first`'s entry i - shift)
+for m = 1, M do Yv[k * M + m] = Y[m] end
+if k > 0 then  -- the newest entry, which every call looks at
+  local v, y = tonumber(first[1]), tonumber(first[2])
+  if not (v and y) then corrupt('sliding log') end
+  S[0], Yv[1] = (base + v) * 1000, y
 end
+-- Whether every entry holds one unit (one meter, y the same throughout): then the units of
+-- entries [a, b) are b - a, and no search needs the y of any entry.
+local uniform = M == 1 and Yv[1] == Y[1]
 
-local function stamp(i)
-  local v = cs[i]
-  if v then return v end
-  load(i)
-  return cs[i]
+local head = k > 0 and S[0] or floor_us  -- the newest stamp (else the floor), kept up to date
+
+-- -- the usual decision, inline ----------------------------------------------------------------
+-- acquire, peek, or a reserve for now, on a log whose entries are one unit each and lie in
+-- the past, with its entry to go at the head: admitted or denied here (the functions below,
+-- made on every call that needs them, are not made), as the stamp log did. Anything else (a
+-- booking, weighted entries, entries ahead, a block) goes the general way below.
+
+local untl, reason = nil, nil
+if op ~= 'usage' and op ~= 'refund' and op ~= 'settle' and op ~= 'sync' then
+  untl, reason = read_block()
 end
-
-local function y(i, m)
-  if i >= k then return Y[m] end
-  local v = cy[i * M + m]
-  if v then return v end
-  load(i)
-  return cy[i * M + m]
+local stamp_ms, rem, slot, rule = nil, nil, now, 0
+local fast = (op == 'acquire' or op == 'peek' or op == 'reserve' and not_before <= now)
+  and uniform and not untl and not never
+if fast then
+  -- (an entry's stamp is parsed where it is looked at, S[j] or ..., the newest first: no
+  -- function is made for it)
+  stamp_ms = ceil(now / 1000)
+  fast = k == 0 or S[0] < stamp_ms * 1000  -- nothing ahead (its entry would be the newest)
 end
-
--- Units of meter m in entries [a, b).
-local function units(a, b, m)
-  return y(a, m) - y(b, m) + (b - a)
+-- When it can take the cost: place() with nothing ahead settles in its first round, at the
+-- latest moment a rule asks for (the last rule to move it denies).
+local at, denier = now, 0
+for i = 1, fast and n or 0 do
+  local j = lim[i] - cost[i]
+  local e = j < k and (S[j] or (base + (tonumber(j < FIRST and first[j * E + 1]
+    or redis.call('LINDEX', key, fmt(j * E))) or corrupt('sliding log'))) * 1000) or floor_us
+  if cost[i] > 0 and e and e + win[i] > at then at, denier = e + win[i], i end
 end
-
-local head = k > 0 and stamp(0) or floor_us  -- the newest stamp (else the floor), kept up to date
-
--- How many entries are stamped after t (strictly, or at or after t when `inclusive`).
-local function above(t, inclusive)
-  local lo, hi = 0, k
-  if hi == 0 or stamp(0) < t or (stamp(0) == t and not inclusive) then return 0 end
-  if stamp(hi - 1) > t or (inclusive and stamp(hi - 1) == t) then return hi end
-  while lo < hi do
-    local mid = (lo + hi - (lo + hi) % 2) / 2
-    local e = stamp(mid)
-    if e > t or (inclusive and e == t) then lo = mid + 1 else hi = mid end
-  end
-  return lo
-end
-
--- The first entry in [lo, hi) stamped at or before t (hi if none), searched from hi down:
--- galloping (the answer is usually among the oldest entries looked at), then halving.
-local function older(lo, hi, t)
-  if lo >= hi or stamp(hi - 1) > t then return hi end
-  local top, step = hi - 1, 1  -- stamp(top) <= t
-  local bottom = top - 1
-  while bottom >= lo and stamp(bottom) <= t do
-    top, step = bottom, step * 2
-    bottom = top - step
-  end
-  if bottom < lo - 1 then bottom = lo - 1 end  -- stamp(bottom) > t, or bottom before lo
-  while top - bottom > 1 do
-    local mid = (bottom + top - (bottom + top) % 2) / 2
-    if stamp(mid) <= t then top = mid else bottom = mid end
-  end
-  return top
-end
-
--- Entries at or beyond rule i's horizon for a start at x (too far ahead to share a window).
-local function beyond(i, x, tol)
-  local horizon = x + win[i] + tol + maxtol + 1000
-  if k > 0 and head >= horizon then return above(horizon, true) end
-  return 0
-end
-
--- The first entry from `skip` on at which meter m's units pass `room`: the smallest j with
--- units(skip, j + 1) > room, or k if there is none.
-local function cut(skip, room, m)
-  if units(skip, k, m) <= room then return k end  -- the usual answer: there is room
-  local g = skip + room  -- where it is when every entry holds one unit (a count)
-  if g < k and units(skip, g + 1, m) > room and (g == skip or units(skip, g, m) <= room) then
-    return g
-  end
-  local lo, hi = skip, k
-  while lo < hi do
-    local mid = (lo + hi - (lo + hi) % 2) / 2
-    if units(skip, mid + 1, m) > room then hi = mid else lo = mid + 1 end
-  end
-  return lo
-end
-
--- Units counted by rule i for a start at x: inside (x - W, x + W + tol + maxtol), at most the
--- limit (a floor inside the window fills it).
-local function used(i, x, tol)
-  local skip, edge = beyond(i, x, tol), x - win[i]
-  -- the entry at which the units reach the limit: if it is inside, the window is full
-  local j = cut(skip, lim[i] - 1, meter[i])
-  if j < k and stamp(j) > edge then return lim[i] end
-  -- else the window ends at or before it: entries [skip, last) are inside
-  local last = older(skip, j < k and j + 1 or k, edge)
-  if last == k and floor_us and floor_us > edge then return lim[i] end
-  return min(lim[i], units(skip, last, meter[i]))
-end
-
--- The earliest moment >= t0 that can take the cost (see the header), and the rule that
--- denied at t0 longest (0 = none). nil if it keeps moving (bookings everywhere).
-local function place(t0, tol)
-  local x, denier = t0, 0
-  for round = 1, 8 do
-    local moved = false
-    for i = 1, n do
-      if cost[i] > 0 then
-        local j = cut(beyond(i, x, tol), lim[i] - cost[i], meter[i])
-        local e = j < k and stamp(j) or floor_us  -- (past the entries only a floor counts)
-        if e and e + win[i] > x then
-          x, moved = e + win[i], true
-          if round == 1 then denier = i end  -- the last to move it waits longest
-        end
-      end
-    end
-    if not moved then return x, denier end
-  end
-  return nil, denier
-end
-
--- The smallest room over the rules (after this call's cost when `after`). A rule that leaves
--- more than the best so far even if it counted every entry is not searched (unless a floor
--- may fill it).
-local function remaining(after)
-  local best = nil
+if at > now and op == 'reserve' then fast = false end  -- a booking: the general way
+if fast then
+  -- what remains (after it, if admitted: remaining(), each rule's used() by index)
+  local best, admitted = nil, at <= now
   for i = 1, n do
     if best == 0 then break end
-    local extra = after and cost[i] or 0
-    if best == nil or floor_us or lim[i] - units(0, k, meter[i]) - extra < best then
-      local r = max(0, lim[i] - used(i, now, 0) - extra)
+    local l, c = lim[i], admitted and cost[i] or 0
+    if best == nil or floor_us or l - k - c < best then
+      -- the first of the newest l entries at or before the edge (l if none: full)
+      local edge, lo, hi = now - win[i], 0, l > k and k or l
+      while lo < hi do
+        local mid = (lo + hi - (lo + hi) % 2) / 2
+        local e = S[mid] or (base + (tonumber(mid < FIRST and first[mid * E + 1]
+          or redis.call('LINDEX', key, fmt(mid * E))) or corrupt('sliding log'))) * 1000
+        if e > edge then lo = mid + 1 else hi = mid end
+      end
+      local u = lo
+      if lo == k and floor_us and floor_us > edge then u = l end
+      local r = max(0, l - u - c)
       if best == nil or r < best then best = r end
     end
   end
-  return best or 0
+  rem = best or 0
+  if not admitted or op == 'peek' then
+    local reset = head and max(0, head + maxwin - now) or 0
+    if admitted then return decision(1, 0, 0, rem, reset, 0, 0, '') end
+    return decision(0, at - now, denier, rem, reset, 0, 0, '')
+  end
+  -- admitted: written by the usual write below (see there), once the entries that can count
+  -- no more are dropped as drop() does when the log grows past KEEP (their y is Y: only the
+  -- floor changes); a log that needs a new base, or to be merged, is decided again the
+  -- general way
+  tol = 0
+  fast = not exists or stamp_ms - base <= 2147483647 and base - stamp_ms <= 2147483647
+    and Y[1] <= 2 ^ 50 and Y[1] >= -2 ^ 50
+  local edge = now - maxwin
+  if fast and k >= KEEP and k > 0 and (S[k - 1] or (base + (tonumber(
+      k <= FIRST and first[k * E - E + 1] or redis.call('LINDEX', key, fmt(k * E - E)))
+      or corrupt('sliding log'))) * 1000) <= edge then
+    local lo, hi, e = 0, k - 1, nil  -- the newest entry at or before the edge
+    while lo < hi do
+      local mid = (lo + hi - (lo + hi) % 2) / 2
+      e = S[mid] or (base + (tonumber(mid < FIRST and first[mid * E + 1]
+        or redis.call('LINDEX', key, fmt(mid * E))) or corrupt('sliding log'))) * 1000
+      if e > edge then lo = mid + 1 else hi = mid end
+    end
+    e = S[lo] or (base + (tonumber(lo < FIRST and first[lo * E + 1]
+      or redis.call('LINDEX', key, fmt(lo * E))) or corrupt('sliding log'))) * 1000
+    floor_us = max(floor_us or e, e)
+    if lo == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, '0', fmt(lo * E - 1)) end
+    redis.call('RPUSH', key, 'f' .. fmt(floor_us / 1000 - base) .. ':' .. fmt(maxtol) .. ':'
+      .. fmt(Y[1]), 'b' .. fmt(base))
+    k = lo
+    Yv[k + 1], head = Y[1], k > 0 and S[0] or floor_us
+  end
+  if not (fast and k < CAP) then stamp_ms, rem, fast = nil, nil, false end
 end
+
+-- -- the general way -------------------------------------------------------------------------
+
+local lazy, above, older, cut, used, place, remaining
+if not fast then
+  local function fetch(t, j)
+    local i, o = j, 1  -- entry i's element o (1: its stamp, 1 + m: its y for meter m)
+    if t ~= S then
+      o = (j - 1) % M + 2
+      i = (j - o + 1) / M
+    end
+    if i >= k then return nil end
+    local v
+    if i >= shift and i - shift < fetched then
+      v = first[(i - shift) * E + o]
+    else
+      v = redis.call('LINDEX', key, fmt(i * E + o - 1))
+    end
+    v = tonumber(v)
+    if not v then corrupt('sliding log') end
+    if o == 1 then v = (base + v) * 1000 end
+    t[j] = v
+    return v
+  end
+  lazy = {__index = fetch}
+  setmetatable(S, lazy)
+  setmetatable(Yv, lazy)
+
+  -- How many entries are stamped after t (strictly, or at or after t when `inclusive`).
+  above = function(t, inclusive)
+    if k == 0 then return 0 end
+    local e = S[0]
+    if e < t or (e == t and not inclusive) then return 0 end
+    e = S[k - 1]
+    if e > t or (inclusive and e == t) then return k end
+    local lo, hi = 0, k
+    while lo < hi do
+      local mid = (lo + hi - (lo + hi) % 2) / 2
+      e = S[mid]
+      if e > t or (inclusive and e == t) then lo = mid + 1 else hi = mid end
+    end
+    return lo
+  end
+
+  -- The first entry in [lo, hi) stamped at or before t (hi if none), searched from hi down:
+  -- galloping (the answer is usually among the oldest entries looked at), then halving.
+  older = function(lo, hi, t)
+    if lo >= hi or S[hi - 1] > t then return hi end
+    local top, step = hi - 1, 1  -- S[top] <= t
+    local bottom = top - 1
+    while bottom >= lo and S[bottom] <= t do
+      top, step = bottom, step * 2
+      bottom = top - step
+    end
+    if bottom < lo - 1 then bottom = lo - 1 end  -- S[bottom] > t, or bottom before lo
+    while top - bottom > 1 do
+      local mid = (bottom + top - (bottom + top) % 2) / 2
+      if S[mid] <= t then top = mid else bottom = mid end
+    end
+    return top
+  end
+
+  -- Rule i's window for a start at x ends before its horizon, x + W + tol + maxtol + 1 ms
+  -- (entries stamped from it on are too far ahead to share a window: they are skipped).
+  -- The units of meter m in entries [a, b) are Yv[a * M + m] - Yv[b * M + m] + (b - a).
+
+  -- The first entry from `skip` on at which meter m's units pass `room`: the smallest j with
+  -- units(skip, j + 1) > room, or k if there is none.
+  cut = function(skip, room, m)
+    if uniform then
+      local j = room > 0 and skip + room or skip
+      return j < k and j or k
+    end
+    local top = Yv[skip * M + m] - skip  -- units(skip, j) = top - Yv[j * M + m] + j
+    if top - Yv[k * M + m] + k <= room then return k end  -- the usual answer: there is room
+    local g = skip + room  -- where it is when every entry holds one unit (a count)
+    if g < k and top - Yv[(g + 1) * M + m] + g + 1 > room
+      and (g == skip or top - Yv[g * M + m] + g <= room) then
+      return g
+    end
+    local lo, hi = skip, k
+    while lo < hi do
+      local mid = (lo + hi - (lo + hi) % 2) / 2
+      if top - Yv[(mid + 1) * M + m] + mid + 1 > room then hi = mid else lo = mid + 1 end
+    end
+    return lo
+  end
+
+  -- Units counted by rule i for a start at x: inside (x - W, x + W + tol + maxtol), at most the
+  -- limit (a floor inside the window fills it).
+  used = function(i, x, tol)
+    local skip, edge, m, l = 0, x - win[i], meter[i], lim[i]
+    local horizon = x + win[i] + tol + maxtol + 1000
+    if k > 0 and head >= horizon then skip = above(horizon, true) end
+    -- the entry at which the units reach the limit: if it is inside, the window is full
+    local j = skip + l - 1
+    if not uniform then j = cut(skip, l - 1, m) end
+    if j < k and S[j] > edge then return l end
+    -- else the window ends at or before it: entries [skip, last) are inside
+    local last = older(skip, j < k and j + 1 or k, edge)
+    if last == k and floor_us and floor_us > edge then return l end
+    if uniform then return min(l, last - skip) end
+    return min(l, Yv[skip * M + m] - Yv[last * M + m] + last - skip)
+  end
+
+  -- The earliest moment >= t0 that can take the cost (see the header), and the rule that
+  -- denied at t0 longest (0 = none). nil if it keeps moving (bookings everywhere).
+  place = function(t0, tol)
+    local x, denier = t0, 0
+    for round = 1, 8 do
+      local moved = false
+      for i = 1, n do
+        if cost[i] > 0 then
+          local skip, horizon = 0, x + win[i] + tol + maxtol + 1000
+          if k > 0 and head >= horizon then skip = above(horizon, true) end
+          local j = skip + lim[i] - cost[i]  -- (where cut finds it when every entry is one unit)
+          if not uniform then j = cut(skip, lim[i] - cost[i], meter[i]) end
+          local e = j < k and S[j] or floor_us  -- (past the entries only a floor counts)
+          if e and e + win[i] > x then
+            x, moved = e + win[i], true
+            if round == 1 then denier = i end  -- the last to move it waits longest
+          end
+        end
+      end
+      if not moved then return x, denier end
+    end
+    return nil, denier
+  end
+
+  -- The smallest room over the rules (after this call's cost when `after`). A rule that leaves
+  -- more than the best so far even if it counted every entry is not searched (unless a floor
+  -- may fill it).
+  remaining = function(after)
+    local best = nil
+    for i = 1, n do
+      if best == 0 then break end
+      local extra, m = after and cost[i] or 0, meter[i]
+      if best == nil or floor_us or lim[i] - (Yv[m] - Yv[k * M + m] + k) - extra < best then
+        local r = max(0, lim[i] - used(i, now, 0) - extra)
+        if best == nil or r < best then best = r end
+      end
+    end
+    return best or 0
+  end
+end
+
+if op == 'usage' then
+  local per = {}
+  for i = 1, n do
+    per[#per + 1] = used(i, now, 0)
+    local skip, horizon = 0, now + win[i] + maxtol + 1000
+    if k > 0 and head >= horizon then skip = above(horizon, true) end
+    local j = cut(skip, lim[i] - 1, meter[i])
+    local e = j < k and S[j] or floor_us
+    per[#per + 1] = e and max(0, e + win[i] - now) or 0
+    per[#per + 1] = head and max(0, head + win[i] - now) or 0
+  end
+  -- bookings are the entries after now (an admission is stamped at most 1 ms ahead), counted
+  -- in the first meter's units
+  local ahead = above(now + 1000, false)
+  local last = (head and head > now + 1000) and head or 0
+  return usage_reply(per, Yv[1] - Yv[ahead * M + 1] + ahead, last)
+end
+
+-- -- deciding --------------------------------------------------------------------------------
+-- A decision is worked out before anything is written: stamp_ms is where this call's cost goes
+-- (nil: nothing), rem what remains if it is admitted now. settle, sync and refund write below.
+
+if fast or op == 'settle' or op == 'sync' or op == 'refund' or (untl and op == 'claim') then
+  -- (decided above; or written below, with the writers)
+elseif held_by(untl) then
+  return blocked_reply(untl, reason)
+elseif never then
+  return decision(0, -1, never, remaining(false), head and max(0, head + maxwin - now) or 0,
+    0, 0, '')
+else
+  if op == 'claim' then
+    local reset = head and max(0, head + maxwin - now) or 0
+    if now < slot_start then
+      return decision(0, slot_start - now, 0, remaining(false), reset, slot_start, slot_end, '')
+    end
+    if now <= slot_end then
+      return decision(1, 0, 0, remaining(false), reset, slot_start, slot_end, '')
+    end
+    -- Late: ask again as a new arrival. The missed slot stays spent: a duplicate delivery may
+    -- hold the same booking after it was used, and giving it back would forget a real start.
+    op = 'reserve'
+  end
+  -- A lease is admitted now and stamped like a booking at now that may start up to span later.
+  local span = op == 'lease' and tol or 0
+  local at
+  at, rule = place(now, span)
+  if at and at <= now and (op ~= 'reserve' or not_before <= now) then
+    rem = remaining(true)
+    if op == 'peek' then
+      return decision(1, 0, 0, rem, head and max(0, head + maxwin - now) or 0, 0, 0, '')
+    end
+    tol = span  -- stamped as a booking at now (0 unless leasing)
+  elseif op ~= 'reserve' then
+    local reset = head and max(0, head + maxwin - now) or 0
+    return decision(0, at and at - now or reset, rule, remaining(false), reset, 0, 0, '')
+  else
+    -- Reserve: the earliest moment from not_before on that is also one average interval (the
+    -- shortest of cost x W/N among the rules) after the entry before it, so a backlog runs
+    -- evenly rather than in bursts a worker pool could not start on time. Behind everyone if
+    -- bookings are dense.
+    local gap = nil
+    for i = 1, n do
+      local g = cost[i] > 0 and win[i] / lim[i] * cost[i] or nil
+      if g and (gap == nil or g < gap) then gap = g end
+    end
+    gap = ceil(gap or 0)
+
+    local function spaced(t0)
+      local x = t0
+      for _ = 1, 8 do
+        x = place(x, tol)
+        if not x then return nil end
+        -- the entry before ours (ours rounds up to the ms: an equal stamp is before it too)
+        local before = above(ceil((x + tol) / 1000) * 1000, false)
+        local prev = before < k and S[before] or nil
+        if not prev or prev - tol + gap <= x then return x end
+        x = prev - tol + gap
+      end
+      return nil
+    end
+
+    slot = spaced(max(now, not_before))
+    if not slot then
+      local behind = max(now, not_before, head and head - tol + gap or now)
+      slot = spaced(behind) or behind
+    end
+    if max_wait >= 0 and slot - now > max_wait then
+      return decision(0, slot - now, rule, remaining(false),
+        head and max(0, head + maxwin - now) or 0, 0, 0, '')
+    end
+  end
+  -- counted in the entry of the ms it may start by
+  stamp_ms = ceil((slot + tol) / 1000)
+end
+
+-- The usual write, inline: a new log, or this call's entry the newest of one that keeps its
+-- base and meta, where nothing is to expire (the usual decision dropped what was). Anything
+-- else takes the writers below.
+local s = stamp_ms and stamp_ms * 1000
+if s and (fast or not exists or ((k == 0 or S[0] < s) and tol <= maxtol
+    and (k < KEEP or k < CAP and S[k - 1] > now - maxwin)
+    and stamp_ms - base <= 2147483647 and base - stamp_ms <= 2147483647)) then
+  local ys, near = {cost[1] - 1}, true  -- the new entry's y per meter: below + units - 1
+  if M > 1 then
+    for i = 1, n do ys[meter[i]] = cost[i] - 1 end  -- (the rules of a meter carry its units)
+  end
+  if exists then
+    for m = 1, M do
+      local below = Yv[m]  -- entry 0's (Y when there are none)
+      if k > 0 and (below > 2 ^ 50 or below < -2 ^ 50) then near = false end
+      ys[m] = ys[m] + below
+    end
+  end
+  if near then
+    if not exists then
+      base, maxtol = stamp_ms, tol
+      local out, zeros = {'0'}, '0'
+      for m = 1, M do out[m + 1] = fmt(ys[m]) end
+      for _ = 2, M do zeros = zeros .. ',0' end
+      out[M + 2] = 'f:' .. fmt(tol) .. ':' .. zeros
+      out[M + 3] = 'b' .. fmt(base)
+      redis.call('RPUSH', key, unpack(out))
+    elseif M == 1 then
+      redis.call('LPUSH', key, fmt(ys[1]), fmt(stamp_ms - base))
+    else
+      local out = {}
+      for m = M, 1, -1 do out[#out + 1] = fmt(ys[m]) end
+      out[#out + 1] = fmt(stamp_ms - base)
+      redis.call('LPUSH', key, unpack(out))
+    end
+    exists, k, head = true, k + 1, s
+    redis.call('PEXPIRE', key, ttl_ms(s + maxwin - now))
+    local reset = max(0, s + maxwin - now)
+    if rem then return decision(1, 0, 0, rem, reset, now, s, '') end
+    -- a booking: what remains after it (entry i is the one read as i - 1 before, if read)
+    S, Yv, shift = setmetatable({[0] = s}, lazy), setmetatable(ys, lazy), 1
+    for m = 1, M do Yv[k * M + m] = Y[m] end
+    uniform = M == 1 and ys[1] == Y[1]
+    return decision(0, slot - now, rule, remaining(false), reset, slot, s, '')
+  end
+end
+
+-- -- writers ---------------------------------------------------------------------------------
+-- (made only by the calls that reach here: settle, sync, refund, and decisions written
+-- anywhere but at the head, or that expire entries, change the base or meta, or pass the cap)
 
 local function reset_after()
   return head and max(0, head + maxwin - now) or 0
 end
-
--- -- writing --------------------------------------------------------------------------------
 
 local function meta_text()
   local ys = {}
   for m = 1, M do ys[m] = fmt(Y[m]) end
   local f = floor_us and fmt(floor_us / 1000 - base) or ''
   return 'f' .. f .. ':' .. fmt(maxtol) .. ':' .. table.concat(ys, ',')
+end
+
+-- After a write: the entries known (0-based, as S and Yv), the others read from Redis.
+local function known(ks, ky)
+  S, Yv, fetched, shift = setmetatable(ks, lazy), setmetatable(ky, lazy), 0, 0
+  for m = 1, M do Yv[k * M + m] = Y[m] end
+  head = k > 0 and S[0] or floor_us
+  uniform = M == 1 and Yv[1] == Y[1]
 end
 
 -- Rewrite the newest `count` entries: edit(list) gets them as {stamp_us, w_1, ..., w_M} (units
@@ -267,16 +544,16 @@ local function rewrite(count, edit)
   end
   local list = {}
   for i = 0, count - 1 do
-    local e = {stamp(i)}
-    for m = 1, M do e[m + 1] = y(i, m) - y(i + 1, m) + 1 end
+    local e = {S[i]}
+    for m = 1, M do e[m + 1] = Yv[i * M + m] - Yv[(i + 1) * M + m] + 1 end
     list[i + 1] = e
   end
   edit(list)
-  local below = {}
-  for m = 1, M do below[m] = y(count, m) end
+  local below = {}  -- (the edit may have changed Y, below the oldest)
+  for m = 1, M do below[m] = count < k and Yv[count * M + m] or Y[m] end
   if count > 0 then redis.call('LTRIM', key, fmt(count * E), '-1') end
   -- the rewritten entries are known (what was read below them is read again if needed)
-  local shift, ks, ky, out = #list - count, {}, {}, {}
+  local moved, ks, ky, out = #list - count, {}, {}, {}
   for j = #list, 1, -1 do  -- oldest first: LPUSH leaves the newest at the head
     local e = list[j]
     ks[j - 1] = e[1]
@@ -288,15 +565,15 @@ local function rewrite(count, edit)
     out[#out + 1] = fmt(e[1] / 1000 - base)
   end
   for j = 1, #out, 4000 do redis.call('LPUSH', key, unpack(out, j, min(#out, j + 3999))) end
-  k, cs, cy, prefetched = k + shift, ks, ky, 0
-  head = k > 0 and stamp(0) or floor_us
+  k = k + moved
+  known(ks, ky)
 end
 
 -- Count w (units per meter) at stamp_ms, in the entry of that ms.
 local function insert(stamp_ms, w)
   if not exists then base = stamp_ms end
   local far = math.abs(stamp_ms - base) > 2147483647
-  for m = 1, M do far = far or (k > 0 and math.abs(y(0, m)) > 2 ^ 50) end
+  for m = 1, M do far = far or (k > 0 and math.abs(Yv[m]) > 2 ^ 50) end
   if far then
     -- offsets must stay exact 32-bit integers and sums exact doubles: rewrite around a new base
     rewrite(k, function()
@@ -308,11 +585,11 @@ local function insert(stamp_ms, w)
   end
   local s = stamp_ms * 1000
   local pos = above(s, false)
-  if pos == 0 and (k == 0 or stamp(0) < s) then
-    -- the newest entry (the usual case): pushed at the head, nothing else moves
+  if pos == 0 and (k == 0 or S[0] < s) then
+    -- the newest entry: pushed at the head, nothing else moves
     local out, c = {}, {}
     for m = M, 1, -1 do
-      c[m] = y(0, m) + w[m] - 1
+      c[m] = Yv[m] + w[m] - 1
       out[#out + 1] = fmt(c[m])
     end
     out[#out + 1] = fmt(stamp_ms - base)
@@ -321,11 +598,11 @@ local function insert(stamp_ms, w)
       exists = true
     end
     redis.call('LPUSH', key, unpack(out))
-    k, head, cs, cy, prefetched = k + 1, s, {[0] = s}, {}, 0
-    for m = 1, M do cy[m] = c[m] end
+    k = k + 1
+    known({[0] = s}, c)
     return
   end
-  if pos < k and stamp(pos) == s then
+  if pos < k and S[pos] == s then
     rewrite(pos + 1, function(list)
       for m = 1, M do list[pos + 1][m + 1] = list[pos + 1][m + 1] + w[m] end
     end)
@@ -342,7 +619,7 @@ end
 -- or nil when there is no such entry.
 local function take_back(stamp_us, w)
   local q = above(stamp_us, false)
-  if q >= k or stamp(q) ~= stamp_us then return nil end
+  if q >= k or S[q] ~= stamp_us then return nil end
   local took = {}
   rewrite(q + 1, function(list)
     local e, left = list[q + 1], 0
@@ -358,17 +635,18 @@ end
 
 -- Drop the entries from t on; the newest of them becomes the floor.
 local function drop(t)
-  floor_us = max(floor_us or stamp(t), stamp(t))
-  for m = 1, M do Y[m] = y(t, m) end
+  floor_us = max(floor_us or S[t], S[t])
+  for m = 1, M do Y[m] = Yv[t * M + m] end
   if t == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, '0', fmt(t * E - 1)) end
   redis.call('RPUSH', key, meta_text(), 'b' .. fmt(base))
-  k, dirty = t, false
-  head = k > 0 and stamp(0) or floor_us
+  k, dirty = t, false  -- (the entries before t stay as they were read)
+  head = k > 0 and S[0] or floor_us
 end
 
--- Drop the entries that can count no more: stamped at or before now minus the longest window
--- (before a new entry goes in, while what was read of the oldest is still at hand).
+-- Drop the entries that can count no more (stamped at or before now minus the longest window)
+-- once a write left the log longer than KEEP.
 local function expire()
+  if k <= KEEP then return end
   local t = older(0, k, now - maxwin)
   if t < k then drop(t) end
 end
@@ -426,8 +704,8 @@ local function coarsen()
     out[#out + 1] = 'b' .. fmt(base)
     if p == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, '0', fmt(p * E - 1)) end
     for j = 1, #out, 4000 do redis.call('RPUSH', key, unpack(out, j, min(#out, j + 3999))) end
-    k, cs, cy, prefetched, dirty = p + #ms, {}, {}, 0, false
-    head = stamp(0)
+    k, dirty = p + #ms, false
+    known({}, {})
   end
   if k > CAP then drop(CAP) end
 end
@@ -456,29 +734,13 @@ local function charge_now(per_rule)
   local w, any = per_meter(per_rule), false
   for m = 1, M do any = any or w[m] > 0 end
   if not any then return false end
-  expire()
   insert(ceil(now / 1000), w)
+  expire()
   if k > CAP then coarsen() end
   return true
 end
 
--- -- operations -----------------------------------------------------------------------------
-
-if op == 'usage' then
-  local per = {}
-  for i = 1, n do
-    per[#per + 1] = used(i, now, 0)
-    local j = cut(beyond(i, now, 0), lim[i] - 1, meter[i])
-    local e = j < k and stamp(j) or floor_us
-    per[#per + 1] = e and max(0, e + win[i] - now) or 0
-    per[#per + 1] = head and max(0, head + win[i] - now) or 0
-  end
-  -- bookings are the entries after now (an admission is stamped at most 1 ms ahead), counted
-  -- in the first meter's units
-  local ahead = above(now + 1000, false)
-  local last = (head and head > now + 1000) and head or 0
-  return usage_reply(per, units(0, ahead, 1), last)
-end
+-- -- what was decided, written ---------------------------------------------------------------
 
 if op == 'settle' then
   local took = take_back(slot_end, per_meter(give))
@@ -497,83 +759,17 @@ if op == 'sync' then
   return extra
 end
 
-local untl, reason
-if op ~= 'refund' then untl, reason = read_block() end
-if op == 'refund' or (untl and op == 'claim') then
-  -- give back one booking or admission (its units at its stamp, slot_end)
+if op == 'refund' or op == 'claim' then
+  -- give back one booking or admission (its units at its stamp, slot_end); a claim here is
+  -- one a block holds up
   take_back(slot_end, per_meter(cost))
   finish(false)
   if op == 'refund' then return 1 end
-end
-if held_by(untl) then return blocked_reply(untl, reason) end
-
-if never then
-  return decision(0, -1, never, remaining(false), reset_after(), 0, 0, '')
+  return blocked_reply(untl, reason)
 end
 
-if op == 'claim' then
-  if now < slot_start then
-    return decision(0, slot_start - now, 0, remaining(false), reset_after(), slot_start, slot_end, '')
-  end
-  if now <= slot_end then
-    return decision(1, 0, 0, remaining(false), reset_after(), slot_start, slot_end, '')
-  end
-  -- Late: ask again as a new arrival. The missed slot stays spent: a duplicate delivery may
-  -- hold the same booking after it was used, and giving it back would forget a real start.
-  op = 'reserve'
-end
-
--- A lease is admitted now and stamped like a booking at now that may start up to span later.
-local span = op == 'lease' and tol or 0
-local at, rule = place(now, span)
-local slot, rem = now, nil  -- where the new entry goes; rem: admitted now, what remains
-if at and at <= now and (op ~= 'reserve' or not_before <= now) then
-  rem = remaining(true)
-  if op == 'peek' then return decision(1, 0, 0, rem, reset_after(), 0, 0, '') end
-  tol = span  -- stamped as a booking at now (0 unless leasing)
-elseif op ~= 'reserve' then
-  local wait = at and at - now or reset_after()
-  return decision(0, wait, rule, remaining(false), reset_after(), 0, 0, '')
-else
-  -- Reserve: the earliest moment from not_before on that is also one average interval (the
-  -- shortest of cost x W/N among the rules) after the entry before it, so a backlog runs evenly
-  -- rather than in bursts a worker pool could not start on time. Behind everyone if bookings
-  -- are dense.
-  local gap = nil
-  for i = 1, n do
-    local g = cost[i] > 0 and win[i] / lim[i] * cost[i] or nil
-    if g and (gap == nil or g < gap) then gap = g end
-  end
-  gap = ceil(gap or 0)
-
-  local function spaced(t0)
-    local x = t0
-    for _ = 1, 8 do
-      x = place(x, tol)
-      if not x then return nil end
-      -- the entry before ours (ours rounds up to the ms: an equal stamp is before it too)
-      local before = above(ceil((x + tol) / 1000) * 1000, false)
-      local prev = before < k and stamp(before) or nil
-      if not prev or prev - tol + gap <= x then return x end
-      x = prev - tol + gap
-    end
-    return nil
-  end
-
-  slot = spaced(max(now, not_before))
-  if not slot then
-    local behind = max(now, not_before, head and head - tol + gap or now)
-    slot = spaced(behind) or behind
-  end
-  if max_wait >= 0 and slot - now > max_wait then
-    return decision(0, slot - now, rule, remaining(false), reset_after(), 0, 0, '')
-  end
-end
-
--- Count it in the entry of the ms it may start by; trim; write meta and the expiry.
-local stamp_ms = ceil((slot + tol) / 1000)
-expire()
 insert(stamp_ms, per_meter(cost))
+expire()
 if k > CAP then coarsen() end
 if tol > maxtol then maxtol, dirty = tol, true end
 finish(true)

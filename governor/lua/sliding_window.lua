@@ -17,6 +17,8 @@
 -- Settle: units not used go back to the bucket the reservation was counted in while that
 -- bucket is still in the rule's window (an old one gives nothing back); use beyond the estimate
 -- is counted in the current bucket, admitted or not.
+-- @include common
+-- @include packed
 local key = KEYS[1]
 local precision = extra
 local floor = math.floor
@@ -66,9 +68,10 @@ local function wait_for(i, c)
   return -1
 end
 
--- Rule i's room now, in units.
-local function room(i)
-  return max(0, lim[i] - cnt[i])
+-- Rule i's room now, in units (sync only: the other calls do not make it).
+local room
+if op == 'sync' then
+  room = function(i) return max(0, lim[i] - cnt[i]) end
 end
 
 -- Count c more in rule i's current bucket, kept in order (a clock that stepped back may find

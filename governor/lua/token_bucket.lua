@@ -14,6 +14,8 @@
 -- t, at most its units not yet refilled, floor((e x W - (t - s) x N) / W), can go back (never
 -- beyond a full bucket). Use beyond the estimate is charged now: the level may go below zero
 -- (a debt later calls wait for; at most 2^52 token-us deep).
+-- @include common
+-- @include packed
 local key = KEYS[1]
 local raw = redis.call('GET', key)
 local st = nil
@@ -33,6 +35,45 @@ for i = 1, n do
   end
 end
 
+-- A decision (every operation but usage, refund, settle and sync), inline: the functions below
+-- are made only by those (Lua makes every closure afresh on each call). As remaining(),
+-- reset_after() and store() do.
+if op ~= 'usage' and op ~= 'refund' and op ~= 'settle' and op ~= 'sync' then
+  local untl, reason = read_block()
+  if untl then return blocked_reply(untl, reason) end
+  local wait, rule = 0, 0
+  if not never then
+    for i = 1, n do
+      local short = cost[i] * win[i] - level[i]
+      if cost[i] > 0 and short > 0 then
+        local w = ceil(short / lim[i])
+        if w > wait then wait, rule = w, i end
+      end
+    end
+    if wait == 0 then
+      for i = 1, n do level[i] = level[i] - cost[i] * win[i] end
+    end
+  end
+  local best, full = nil, 0  -- what remains; when every bucket is full again
+  for i = 1, n do
+    local r = max(0, math.floor(level[i] / win[i]))
+    if best == nil or r < best then best = r end
+    local w = ceil((cap[i] - level[i]) / lim[i])
+    if w > full then full = w end
+  end
+  if never then return decision(0, -1, never, best, full, 0, 0, '') end
+  if wait > 0 then return decision(0, wait, rule, best, full, 0, 0, '') end
+  if op == 'peek' then return decision(1, 0, 0, best, full, 0, 0, '') end
+  if full <= 0 then
+    redis.call('DEL', key)
+  else
+    local parts = {}
+    for i = 1, n do parts[2 * i - 1], parts[2 * i] = level[i], seen[i] end
+    redis.call('SET', key, pack_numbers(parts), 'PX', ttl_ms(full))
+  end
+  return decision(1, 0, 0, best, full, now, now, '')
+end
+
 local function remaining()
   local best = nil
   for i = 1, n do
@@ -42,14 +83,16 @@ local function remaining()
   return best
 end
 
--- Rule i's room now, in units.
-local function room(i)
-  return max(0, math.floor(level[i] / win[i]))
-end
-
--- Charge per-rule units now, admitted or not (settle's overrun, sync).
-local function charge_now(units)
-  for i = 1, n do level[i] = max(-2 ^ 52, level[i] - units[i] * win[i]) end
+-- settle and sync only (the other calls do not make them): rule i's room now, in units; and
+-- a charge of per-rule units now, admitted or not (settle's overrun, sync).
+local room, charge_now
+if op == 'settle' or op == 'sync' then
+  room = function(i)
+    return max(0, math.floor(level[i] / win[i]))
+  end
+  charge_now = function(units)
+    for i = 1, n do level[i] = max(-2 ^ 52, level[i] - units[i] * win[i]) end
+  end
 end
 
 local function reset_after()

@@ -78,13 +78,15 @@ class SlidingLog(Costed):
     A moment x can take cost_i more units under rule i when the units in
     (x - W, x + W + tolerance + maxtol) leave room for them (maxtol: the largest tolerance a
     booking used). Bookings are stamped at slot + tolerance. Entries at or before now minus the
-    longest window are dropped when the log is written (the newest one dropped is remembered as
-    a floor, and units missing below the log count as a full window stamped at the floor). Past
-    CAP entries, the past is merged two by two at the newer stamps.
+    longest window are dropped when a write leaves more than KEEP entries, the largest limit or
+    32 if less (the newest one dropped is remembered as a floor, and units missing below the log
+    count as a full window stamped at the floor). Past CAP entries, the past is merged two by
+    two at the newer stamps.
     """
 
     books = True
     CAP = 20_000
+    KEEP = 32
 
     def __init__(self, rules: Rules, meter_of: list[int] | None = None) -> None:
         super().__init__(rules, meter_of)
@@ -161,7 +163,8 @@ class SlidingLog(Costed):
             self.entries.insert(at, [stamp_ms, *w])
 
     def _trim(self, now: int) -> None:
-        self._drop(sum(1 for e in self.entries if e[0] * 1000 > now - self.maxwin))
+        if len(self.entries) > min(max(n for n, _ in self.rules), self.KEEP):
+            self._drop(sum(1 for e in self.entries if e[0] * 1000 > now - self.maxwin))
         if len(self.entries) > self.CAP:
             self._coarsen(now)
 
