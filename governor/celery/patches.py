@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ from celery.exceptions import TaskRevokedError
 __all__ = [
     "hide_deferral_logs",
     "mix_into_task",
+    "receive_late",
     "skip_pool",
     "wrap_ack",
     "wrap_finalize",
@@ -178,6 +181,45 @@ def hide_deferral_logs() -> None:
     """Drop Celery's "Task ... ignored" lines for deferrals. Relies on celery/app/trace.py
     logging an ``Ignore`` with ``extra={"data": {..., "exc": str(reason)}}``."""
     logging.getLogger("celery.app.trace").addFilter(_HideDeferrals())
+
+
+_late_lock = threading.Lock()
+
+
+def receive_late(signal: Any, receiver: Callable[..., Any], uid: str) -> None:
+    """Connect ``receiver`` (strongly, as ``uid``) to a signal whose receivers Celery's tracer
+    already holds (``task_postrun``): for a receiver only some processes need, connected when
+    first needed. Two traps of Celery before 5.7 (celery/utils/dispatch/signal.py) are avoided:
+
+    - a bound method is keyed by its function alone (``_make_id``), so the same method of a
+      second instance is taken for the first's and dropped: ``uid`` keys it instead (one per
+      instance: ``Governor._uid`` does the same);
+    - the tracer (``build_tracer`` in celery/app/trace.py) reads ``signal.receivers`` once,
+      when it is built, and sends only while that list is not empty, but clearing dead weak
+      receivers (``_clear_dead_receivers``, run by every ``connect``) *replaces* the list, so a
+      receiver connected later could land in a list the tracer never reads. Here the signal
+      clears in place, as 5.7 does (``self.receivers[:] = ...``), and a list replaced by this
+      very connect is put back.
+    """
+    with _late_lock:
+        held = signal.receivers
+        if "_clear_dead_receivers" not in vars(signal):
+            signal._clear_dead_receivers = functools.partial(_clear_in_place, signal)
+        signal.connect(receiver, weak=False, dispatch_uid=uid)
+        if signal.receivers is not held:
+            held[:] = signal.receivers
+            signal.receivers = held
+
+
+def _clear_in_place(signal: Any) -> None:
+    """``Signal._clear_dead_receivers`` as Celery 5.7 has it (the caller holds the lock)."""
+    if signal._dead_receivers:
+        signal._dead_receivers = False
+        signal.receivers[:] = [
+            r
+            for r in signal.receivers
+            if not (isinstance(r[1], weakref.ReferenceType) and r[1]() is None)
+        ]
 
 
 # What governor reads of Celery's internals without patching them (check these too):

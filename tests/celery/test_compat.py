@@ -153,3 +153,37 @@ def test_a_cluster_refuses_redis_py_without_cluster_transactions(
     monkeypatch.setattr(redis, "__version__", "6.0.0")
     with pytest.raises(ConfigError, match=r"needs redis-py 6\.1 or later .* this is redis-py 6\.0"):
         target("redis://h1:7000,h2:7000", cluster=True)
+
+
+def test_late_receivers_of_two_instances_both_hear_the_tracers_signal() -> None:
+    """``receive_late``: the same bound method of two instances is two receivers (Celery < 5.7
+    keys a bound method by its function alone), and a list replaced by clearing a dead weak
+    receiver is the one the tracer read when it was built (Celery < 5.7 replaces it)."""
+    import gc
+
+    from celery.utils.dispatch import Signal
+
+    from governor.celery.patches import receive_late
+
+    signal = Signal(name="governor_test_postrun")
+    tracers_list = signal.receivers  # what build_tracer keeps
+
+    class Hearer:
+        def __init__(self) -> None:
+            self.heard = 0
+
+        def done(self, **_: Any) -> None:
+            self.heard += 1
+
+    def weak_receiver(**_: Any) -> None:
+        pass
+
+    signal.connect(weak_receiver)  # weak: dies below, and the next connect clears it
+    del weak_receiver
+    gc.collect()
+    first, second = Hearer(), Hearer()
+    receive_late(signal, first.done, f"test.{id(first)}")
+    receive_late(signal, second.done, f"test.{id(second)}")
+    assert signal.receivers is tracers_list and len(tracers_list) == 2
+    signal.send(sender=None)
+    assert (first.heard, second.heard) == (1, 1)

@@ -32,6 +32,7 @@ from ...concurrency import Permit, renewer
 from ...errors import GovernorError
 from .. import signals
 from ..config.store import Store
+from ..patches import receive_late
 from ..types import Call, Outcome, handed_by
 from ..waiting.handover import Handover
 from .calls import Calls
@@ -90,7 +91,9 @@ class Holding:
         that took a slot (before the body that holds it ends)."""
         if not self._listening:
             self._listening = True
-            celery_signals.task_postrun.connect(self._task_done, weak=False)
+            receive_late(
+                celery_signals.task_postrun, self._task_done, f"governor.holding.{id(self)}"
+            )
 
     def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         self.release(sender, task_id)

@@ -35,6 +35,7 @@ from ...decision import Decision, Settled
 from ...errors import CostError, GovernorError
 from ...limiter import Limiter
 from .. import signals
+from ..patches import receive_late
 from ..types import Call, Held, LimitSpec
 from .costs import share
 from .learned import Learning, use_ppm
@@ -95,7 +96,9 @@ class Reservations:
         on (a ``task_postrun`` receiver costs every task a dispatch: only where meters are)."""
         if not self._listening:
             self._listening = True
-            celery_signals.task_postrun.connect(self._task_done, weak=False)
+            receive_late(
+                celery_signals.task_postrun, self._task_done, f"governor.settling.{id(self)}"
+            )
 
     def _task_done(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         self.done(task_id)
