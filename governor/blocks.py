@@ -31,7 +31,8 @@ PAUSE_MARK = "\x1e"
 """Stored before the reason of a block that an upstream pause made (``pause.lua``), so readers
 tell a pause from a manual block; :func:`block_reason` takes it off."""
 
-Call = tuple[list[str], list[bytes | str | int]]
+ScriptCall = tuple[list[str], list[bytes | str | int]]
+"""One script call: its keys and its arguments (``EVALSHA sha len(keys) *keys *args``)."""
 
 
 def us(value: float, what: str) -> int:
@@ -57,7 +58,7 @@ def duration_us(value: float, what: str) -> int:
     return duration
 
 
-def block_call(key: str, seconds: float, reason: str, now: float | None) -> Call:
+def block_call(key: str, seconds: float, reason: str, now: float | None) -> ScriptCall:
     """``block.lua`` on the block ``key``: deny for ``seconds``, replacing any block."""
     duration = duration_us(seconds, "block duration")
     if not isinstance(reason, str):
@@ -73,7 +74,7 @@ def pause_call(
     base: float,
     max_pause: float,
     now: float | None,
-) -> Call:
+) -> ScriptCall:
     """``pause.lua``: ``seconds`` None pauses for base x 2^(level - 1), at most ``max_pause``
     (one level more each time, forgotten after twice the pause). The reason is cut to 500
     characters (it may come from an upstream's answer)."""

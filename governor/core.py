@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .algorithms import Algorithm, check_share, get_algorithm
-from .blocks import block_call, block_reason, parse_pause, pause_call
+from .blocks import ScriptCall, block_call, block_reason, parse_pause, pause_call
 from .blocks import us as _us
 from .caps import CAP_SUFFIXES, Cap, handed, holder_text, info_text, new_token, token_text
 from .costs import MAX_UNITS, Cost, units_of
@@ -32,7 +32,6 @@ from .text import as_text
 
 __all__ = ["LimiterBase"]
 
-Call = tuple[list[str], list[bytes | str | int]]
 BLOCK = "block"
 BACKOFF = "bo"
 """The key suffix of a subject's exponential backoff level (see pause.lua)."""
@@ -255,7 +254,7 @@ class LimiterBase:
         slot: Slot | None = None,
         hold: Hold | None = None,
         info: str = "",
-    ) -> Call:
+    ) -> ScriptCall:
         if op == "lease" and self.cap is not None:
             raise ConfigError("a limiter with a concurrency cap cannot lease")
         if op == "lease" and not self.algorithm.books:
@@ -308,7 +307,7 @@ class LimiterBase:
         message: str = "",
         now: float | None = None,
         limit: bool = True,
-    ) -> Call:
+    ) -> ScriptCall:
         """A call of ``cap_ops.lua``; ``limit=False`` lets the script read the cap from Redis
         (a sweep by a process that does not know the configuration)."""
         if self.cap is None:
@@ -348,7 +347,7 @@ class LimiterBase:
 
     def _block_call(
         self, subject: Subject, seconds_: float, reason: str, now: float | None
-    ) -> Call:
+    ) -> ScriptCall:
         return block_call(self.keys(subject)[1], seconds_, reason, now)
 
     def _pause_call(
@@ -359,7 +358,7 @@ class LimiterBase:
         base: float,
         max_pause: float,
         now: float | None,
-    ) -> Call:
+    ) -> ScriptCall:
         """A call of ``pause.lua`` (see :func:`governor.blocks.pause_call`)."""
         block = self.keys(subject)[1]
         return pause_call(
@@ -455,7 +454,7 @@ class LimiterBase:
         estimate_cost: Cost | None,
         id: str | None,
         now: float | None,
-    ) -> Call | None:
+    ) -> ScriptCall | None:
         """A call of the algorithm's script that settles a reservation: a decision, or its slot
         with the cost reserved (None: it reserved nothing)."""
         if isinstance(reservation, Slot):
@@ -505,7 +504,8 @@ class LimiterBase:
         meter: str | None,
         reset_in: float | None,
         now: float | None,
-    ) -> Call | None:
+        as_of: float | None = None,
+    ) -> ScriptCall | None:
         """A call that charges what the rule's room exceeds the upstream's ``remaining`` by
         (None: the limiter has no rules)."""
         if not self.rules:
@@ -538,6 +538,7 @@ class LimiterBase:
             m + 1,
             rule,
             min(remaining, MAX_UNITS),
+            "" if as_of is None else _us(as_of, "as_of"),
         ]
         return list(self.keys(subject)), args
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from .blocks import ScriptCall
 from .caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
-from .core import Call, LimiterBase
+from .core import LimiterBase
 from .costs import Cost
 from .decision import CapUsage, Decision, Hold, Pause, Settled, Slot, Usage
 from .direct import Lane, NotSent, lane_for
@@ -85,7 +86,7 @@ class Limiter(LimiterBase):
             self._lane_of = (self.client, lane)
         return lane
 
-    def _eval(self, script: LuaScript, call: Call) -> Any:
+    def _eval(self, script: LuaScript, call: ScriptCall) -> Any:
         keys, args = call
         lane = self._lane() if script is self._script else None  # decisions, not blocks
         try:
@@ -300,6 +301,7 @@ class Limiter(LimiterBase):
         meter: str | None = None,
         reset_in: float | None = None,
         now: float | None = None,
+        as_of: float | None = None,
     ) -> int:
         """The upstream reports ``remaining`` units of ``meter`` left (its own counter, e.g.
         ``x-ratelimit-remaining-tokens``): when governor counts more room than that, charge
@@ -310,8 +312,15 @@ class Limiter(LimiterBase):
         ``reset_in`` seconds long (the upstream's counter resets within its window; without
         ``reset_in``: the meter's rule with the least room). The charge counts in every rule
         of the meter, like the units of a call.
+
+        ``as_of``: the moment (Unix seconds, the limiter's clock) the upstream's counter was
+        read, say the admission of the call whose answer carried it (``decision.slot.end``).
+        The sliding log then compares its room at that moment, leaving out what it admitted
+        since, which the upstream had not seen: compared with the room now, calls in flight
+        would hide that much of what another client spent. The other algorithms keep no
+        history and compare their room now.
         """
-        call = self._sync_call(subject, remaining, meter, reset_in, now)
+        call = self._sync_call(subject, remaining, meter, reset_in, now, as_of)
         return 0 if call is None else int(self._eval(self._rates, call))
 
     def usage(self, subject: Subject, *, now: float | None = None) -> Usage:

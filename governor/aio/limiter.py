@@ -14,8 +14,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from ..blocks import ScriptCall
 from ..caps import Left, Waited, handed, holder_text, lapsed, left, usage, waited
-from ..core import Call, LimiterBase
+from ..core import LimiterBase
 from ..costs import Cost
 from ..decision import CapUsage, Decision, Hold, Pause, Settled, Slot, Usage
 from ..keys import Subject, parse_key
@@ -28,7 +29,7 @@ __all__ = ["Limiter"]
 class Limiter(LimiterBase):
     """Asyncio limiter; see :class:`governor.Limiter` for what each method does."""
 
-    async def _eval(self, script: LuaScript, call: Call) -> Any:
+    async def _eval(self, script: LuaScript, call: ScriptCall) -> Any:
         keys, args = call
         try:
             try:
@@ -173,9 +174,10 @@ class Limiter(LimiterBase):
         meter: str | None = None,
         reset_in: float | None = None,
         now: float | None = None,
+        as_of: float | None = None,
     ) -> int:
         """See :meth:`governor.Limiter.sync_remaining`."""
-        call = self._sync_call(subject, remaining, meter, reset_in, now)
+        call = self._sync_call(subject, remaining, meter, reset_in, now, as_of)
         return 0 if call is None else int(await self._eval(self._rates, call))
 
     # -- concurrency caps -----------------------------------------------------------------

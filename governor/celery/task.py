@@ -44,6 +44,7 @@ class GovernedTask(GovernedMixin, Task):  # type: ignore[misc]
     governor_key: Callable[..., Any] | None = None
     governor_name: str | None = None
     governor_algorithm: str | None = None
+    governor_transit: float | None = None
     governor_concurrency: int | None = None
     governor_cost: Any = 1
     governor_max_wait: float | None = None

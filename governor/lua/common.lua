@@ -23,8 +23,10 @@
 --          estimate held beyond the use goes back where it was counted (as far as it still
 --          counts: see each algorithm); use beyond the estimate is charged now, admitted or not.
 -- sync:    ARGV[5] meter (1-based), ARGV[6] rule (1-based; 0 = the meter's rule with the least
---          room), ARGV[7] remaining: the upstream's room. What the rule's room now exceeds it by
---          is charged now to the meter (every rule of it counts it).
+--          room), ARGV[7] remaining: the upstream's room, ARGV[8] as_of_us: when the upstream
+--          read it ('' = now). What the rule's room exceeds it by is charged now to the meter
+--          (every rule of it counts it); the sliding log takes its room as of as_of (what it
+--          admitted later left out), the others their room now.
 --
 -- Decision reply (acquire, peek, reserve, claim, lease), one string of space-separated fields:
 --   "allowed(0|1) retry_after_us(-1 = never) rule(1-based; 0 none; -1 manual block) remaining

@@ -754,7 +754,21 @@ if op == 'settle' then
 end
 
 if op == 'sync' then
-  local per_rule, extra = sync_charge(function(i) return max(0, lim[i] - used(i, now, 0)) end)
+  local asof = tonumber(ARGV[8])
+  local room = function(i) return max(0, lim[i] - used(i, now, 0)) end
+  if asof and asof < now then
+    -- as of the upstream's reading: the units stamped in (asof - W, asof], entries stamped
+    -- after it left out (admitted since, unseen by the upstream); a floor inside fills it
+    room = function(i)
+      local top, edge = above(asof, false), asof - win[i]
+      local last = older(top, k, edge)
+      if last == k and floor_us and floor_us > edge then return 0 end
+      local u = last - top
+      if not uniform then u = Yv[top * M + meter[i]] - Yv[last * M + meter[i]] + u end
+      return max(0, lim[i] - u)
+    end
+  end
+  local per_rule, extra = sync_charge(room)
   finish(charge_now(per_rule))
   return extra
 end

@@ -1,7 +1,7 @@
-"""Publishing a hand-over (governor/celery/handover.py): a message the broker refuses is known
-not to be out, so it is parked for the releasers (it used to wait for a sweep to publish it
-again a lease later, which also published copies that were only late); one that cannot be read
-is left to its lapsed hand-over (issue 18, findings 1 and 2)."""
+"""Publishing a hand-over (governor/celery/waiting/handover.py): a message the broker refuses is
+known not to be out, so it is parked for the releasers (a sweep never publishes a hand-over
+again: that made copies of messages that were only late, issue 18 finding 1); one that cannot be
+read leaves the line at once when its cap is known, else its hand-over lapses (finding 2)."""
 
 from __future__ import annotations
 

@@ -69,6 +69,7 @@ def test_a_limit_takes_exactly_the_declared_keys() -> None:
         "rules": "10/s",
         "algorithm": "sliding_log",
         "shadow": False,
+        "transit": 0.25,
         "adaptive": False,
         "fair_by": "tenant",
         "weights": {"a": 2},
@@ -78,3 +79,27 @@ def test_a_limit_takes_exactly_the_declared_keys() -> None:
     limit_config({"concurrency": 2}, "sliding_log", "here")
     with pytest.raises(ConfigError, match="here"):
         limit_config({**full, "rule": "1/s"}, "sliding_log", "here")
+
+
+def test_transit_lengthens_each_window_of_the_limit() -> None:
+    """``transit``: the upstream counts a call when it arrives, later than its admission."""
+    from governor import Rule
+
+    meters = limit_config(
+        {"rules": {"requests": "100/4s", "tokens": "16000/m"}, "transit": 0.1}, "sliding_log", "q"
+    )
+    assert meters.rules == (Rule(100, 4.1), Rule(16000, 60.1))
+    assert dict(meters.meters) == {"requests": (Rule(100, 4.1),), "tokens": (Rule(16000, 60.1),)}
+    assert limit_config({"rules": "10/s", "transit": 0}, "gcra", "q").rules == (Rule(10, 1),)
+    for bad in (-1, 0.0005, "0.1", True, 61):
+        with pytest.raises(ConfigError, match="q: transit must be 0 to 60 seconds"):
+            limit_config({"rules": "10/s", "transit": bad}, "sliding_log", "q")
+    app = app_with()
+
+    @app.task(base=GovernedTask, governor_limit="5/s", governor_transit=0.25, shared=False)
+    def t() -> None: ...
+
+    from governor.celery.config.task_limits import task_limit_config
+
+    config = task_limit_config(t, load_settings(app.conf))
+    assert config is not None and config.rules == (Rule(5, 1.25),)

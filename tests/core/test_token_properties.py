@@ -129,10 +129,22 @@ def run(
             j = pick % m
             remaining = units[1] * 3
             rule = sync_rule(limiter, j, reset_in)
+            # as of: now, a moment before it (0, 2 or 30 s), or a held reservation's admission
+            as_of: int | None = None
+            if pick % 3 == 1:
+                as_of = now - tol * 100
+            elif pick % 3 == 2 and held[subj]:
+                slot = held[subj][pick % len(held[subj])].slot
+                as_of = None if slot is None else slot.end_us
             got_units = limiter.sync_remaining(
-                subj, remaining, meter=names[j], reset_in=reset_in, now=t
+                subj,
+                remaining,
+                meter=names[j],
+                reset_in=reset_in,
+                now=t,
+                as_of=None if as_of is None else as_of / US,
             )
-            assert got_units == model.sync(now, j, rule, remaining), where
+            assert got_units == model.sync(now, j, rule, remaining, as_of), where
             continue
         if op in ("refund", "settle", "claim"):
             if not held[subj]:

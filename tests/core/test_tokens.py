@@ -218,6 +218,28 @@ def test_sync_compares_the_rule_of_the_upstreams_window(r: redis.Redis, prefix: 
     assert lim.sync_remaining("o", 0, meter="tokens", now=T0) == 0
 
 
+def test_sync_as_of_the_upstreams_reading_sees_past_calls_in_flight(
+    r: redis.Redis, prefix: str
+) -> None:
+    """The upstream read its counter when call A arrived; governor has admitted B and C since.
+    Compared with governor's room now, B and C would hide the 6,000 another client spent; as of
+    A's admission the sliding log counts what the upstream had seen (the others: room now)."""
+    lim = Limiter(r, {"tokens": "30000/m"}, name="asof", prefix=prefix)
+    a = lim.acquire("o", {"tokens": 4_000}, now=T0)
+    lim.acquire("o", {"tokens": 5_000}, now=T0 + 0.5)
+    lim.acquire("o", {"tokens": 5_000}, now=T0 + 0.8)
+    assert a.slot is not None
+    # upstream at A's arrival: A's 4,000 and the other client's 6,000 => 20,000 left
+    now_only = Limiter(r, {"tokens": "30000/m"}, name="asof-now", prefix=prefix)
+    for t, n in ((T0, 4_000), (T0 + 0.5, 5_000), (T0 + 0.8, 5_000)):
+        now_only.acquire("o", {"tokens": n}, now=t)
+    assert now_only.sync_remaining("o", 20_000, meter="tokens", now=T0 + 1) == 0  # hidden
+    assert lim.sync_remaining("o", 20_000, meter="tokens", now=T0 + 1, as_of=a.slot.end) == 6_000
+    assert lim.usage("o", now=T0 + 1).rules[0].used == 20_000
+    # a reading from the future (another host's clock) is taken as now
+    assert lim.sync_remaining("o", 10_000, meter="tokens", now=T0 + 1, as_of=T0 + 9) == 0
+
+
 def test_plain_limiters_settle_and_sync(r: redis.Redis, prefix: str) -> None:
     lim = Limiter(r, "100/m", name="plain", prefix=prefix)
     d = lim.acquire("o", 10, now=T0)

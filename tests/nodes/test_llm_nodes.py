@@ -3,17 +3,17 @@ calls a local chat-completions server that enforces per-organisation requests an
 window (tests/support/llm_server.py). governor's limits equal the server's; each call reserves
 its prompt and ``max_tokens``, settles what it used and observes the server's headers.
 
-- Every call done, (almost) no 429s (at most one call in 20: governor counts a call when it
-  admits it, the server when the call arrives, a few hundred milliseconds later for the first
-  calls of a fresh process; at the end of the first window a few calls meet the difference),
-  and the token quota used at least 85 % while calls wait (the mean fill of the server's token
-  windows; reserving ``max_tokens`` without settling fills about 64 % here, bench/llm.py).
+- Every call done, (almost) no 429s (at most one call in 20; none in the runs measured with
+  the limit's ``transit`` of 0.1 s, see below), and the token quota used at least 85 % while
+  calls wait (the mean fill of the server's token windows; reserving ``max_tokens`` without
+  settling fills about 64 % here, bench/llm.py).
 - Another client spends 30 % of one organisation's tokens outside governor (calls like the
-  tasks', sent again after a 429): the server's x-ratelimit-remaining-* headers keep 429s
-  rare. The issue asks at most one call in 20; measured 3 to 6 % here (without observe 6 to
-  8 %), so the test holds it to one in 12: observe compares governor's room now, which
-  already counts calls admitted after the server's snapshot, with that snapshot, and so
-  charges too little while calls are in flight (see docs/token-quotas.md).
+  tasks', sent again after a 429): the server's x-ratelimit-remaining-* headers keep 429s at
+  most one call in 20 (measured 3.4 to 3.8 %): observe compares the server's count with
+  governor's as of the call's admission (``sync_remaining(as_of=...)``), and the limit's
+  ``transit`` (0.1 s) covers the time a call takes to reach the server. Without ``transit``,
+  calls admitted just as the window's oldest left governor's met the server's still-full
+  window (1 to 2 % of calls, at every window's end, with no other client at all).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_header_sync_keeps_429s_rare_when_another_client_shares_the_quota(
     result = _run(redis_server, setup)
     assert result.done == setup.orgs * setup.calls, result.log
     assert result.outside > 0
-    assert result.refused * 12 <= len(result.calls), result.refusals
+    assert result.refused * 20 <= len(result.calls), result.refusals
 
 
 def test_the_openai_client_against_the_server() -> None:

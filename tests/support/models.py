@@ -253,10 +253,25 @@ class SlidingLog(Costed):
         self._finish()
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
-        per_rule = self.sync_extra(
-            lambda i: max(0, self.rules[i][0] - self._used(i, now, 0)), meter, rule, upstream
-        )
+    def _used_as_of(self, i: int, as_of: int) -> int:
+        """Rule i's units stamped in (as_of - W, as_of]: what the log had counted then."""
+        limit, window = self.rules[i]
+        seen = [e for e in self.entries if e[0] * 1000 <= as_of]
+        inside = [e for e in seen if e[0] * 1000 > as_of - window]
+        if (
+            len(inside) == len(seen)
+            and self.floor is not None
+            and self.floor * 1000 > as_of - window
+        ):
+            return limit
+        return min(limit, sum(e[1 + self.meter_of[i]] for e in inside))
+
+    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
+        if as_of is not None and as_of < now:
+            room = lambda i: max(0, self.rules[i][0] - self._used_as_of(i, as_of))  # noqa: E731
+        else:
+            room = lambda i: max(0, self.rules[i][0] - self._used(i, now, 0))  # noqa: E731
+        per_rule = self.sync_extra(room, meter, rule, upstream)
         self._charge(now, per_rule)
         self._finish()
         return max(per_rule)
@@ -418,7 +433,7 @@ class Gcra(Costed):
         self._store(now)
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
         def room(i: int) -> int:
             n, t, b = self.rules[i][0], self.T[i], self.B[i]
             return max(0, min(n, (now + b - max(self.tat[i], now)) // t))
@@ -590,7 +605,7 @@ class TokenBucket(Costed):
         self._store(self._charged(view, charge))
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
         view = self._view(now)
         per_rule = self.sync_extra(lambda i: max(0, math.floor(view[i][0])), meter, rule, upstream)
         self._store(self._charged(view, per_rule))
@@ -683,7 +698,7 @@ class FixedWindow(Costed):
         self._store([(idx, c - b + k) for (idx, c), b, k in zip(view, back, charge)], now)
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
         view = self._view(now)
         per_rule = self.sync_extra(
             lambda i: max(0, self.rules[i][0] - view[i][1]), meter, rule, upstream
@@ -827,7 +842,7 @@ class SlidingWindow(Costed):
         self._count(now, charge)
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int) -> int:
+    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
         per_rule = self.sync_extra(
             lambda i: max(0, self.rules[i][0] - sum(self._buckets(i, now).values())),
             meter,

@@ -420,6 +420,12 @@ TASK_OPTIONS: tuple[Setting, ...] = (
     ),
     Setting("governor_algorithm", None, "algorithm of these rules (default: `governor_algorithm`)"),
     Setting(
+        "governor_transit",
+        None,
+        "seconds from admission to the upstream's count, added to each window of "
+        "`governor_limit` (the `transit` limit key)",
+    ),
+    Setting(
         "governor_concurrency",
         None,
         "at most this many calls run at once (per key with `governor_key`): a slot is held from "
@@ -460,6 +466,14 @@ LIMIT_KEYS: tuple[Setting, ...] = (
     Setting("algorithm", None, "the algorithm of these rules (default: `governor_algorithm`)"),
     Setting("concurrency", None, "at most this many calls at once (with or without rules)"),
     Setting("shadow", False, "count and log what the rules would deny, but deny nothing"),
+    Setting(
+        "transit",
+        0,
+        "seconds a call may take from its admission to the upstream's count (a cold client, the "
+        "network): each rule's window is that much longer, so a call admitted as the oldest "
+        "leave cannot reach the upstream before they do (a fill cost of transit / window; "
+        "whole ms, at most 60 s)",
+    ),
     Setting(
         "adaptive",
         False,

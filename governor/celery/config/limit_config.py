@@ -30,6 +30,7 @@ def limit_config(
     rules = value
     concurrency = None
     shadow = adaptive = False
+    transit: Any = 0
     fair_by: Any = None
     weights: Any = ()
     if isinstance(value, Mapping):
@@ -62,12 +63,17 @@ def limit_config(
         if not isinstance(adaptive, bool) or (adaptive and rules is None):
             raise ConfigError(f"{where}: adaptive must be True or False, with rules: {adaptive!r}")
         fair_by, weights = fair_options(value, where, concurrency is not None)
+        transit = value.get("transit", 0)
     try:
         meters = _meters(rules, algorithm) if isinstance(rules, Mapping) else ()
+        if transit:
+            meters = tuple((m, _lengthened(group, transit)) for m, group in meters)
         if meters:
             parsed: tuple[Rule, ...] = tuple(rule for _, group in meters for rule in group)
         else:
             parsed = () if rules is None else parse_rules(rules)
+            if transit:
+                parsed = _lengthened(parsed, transit)
             get_algorithm(algorithm).check(parsed)
         if concurrency is not None:
             Cap.make(concurrency, lease)
@@ -81,6 +87,22 @@ def limit_config(
     return LimitConfig(
         parsed, name, concurrency, lease, shadow, adaptive, fair_by, weights, meters=meters
     )
+
+
+def _lengthened(rules: tuple[Rule, ...], transit: Any) -> tuple[Rule, ...]:
+    """The rules with windows ``transit`` seconds longer (the ``transit`` limit key).
+
+    The upstream counts a call when it arrives, governor when it admits it: a call that takes
+    ``d`` seconds to arrive leaves the upstream's window ``d`` later than governor's, and calls
+    admitted in that gap meet the upstream's full window (a 429 at each window's end)."""
+    if (
+        isinstance(transit, bool)
+        or not isinstance(transit, (int, float))
+        or not 0 <= transit <= 60
+        or round(transit * 1_000_000) % 1_000
+    ):
+        raise ConfigError(f"transit must be 0 to 60 seconds in whole ms, got {transit!r}")
+    return tuple(Rule(r.limit, (r.period_us + round(transit * 1_000_000)) / 1e6) for r in rules)
 
 
 def _meters(rules: Mapping[str, Any], algorithm: str) -> tuple[tuple[str, tuple[Rule, ...]], ...]:

@@ -63,6 +63,9 @@ def _own_config(task: Any, settings: Settings) -> LimitConfig | None:
         value["rules"] = rules
     if concurrency is not None:
         value["concurrency"] = concurrency
+    transit = getattr(task, "governor_transit", None)
+    if transit is not None and rules is not None:
+        value["transit"] = transit
     fair_by = option(task, "governor_fair_by")
     if fair_by is not None:
         value["fair_by"] = fair_by

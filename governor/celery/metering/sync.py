@@ -4,9 +4,11 @@ headers of a 429 that a :class:`~governor.celery.Backoff` carries.
 OpenAI's ``x-ratelimit-remaining-{requests,tokens}`` and Anthropic's
 ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining`` say what the
 upstream has left (:func:`governor.upstream.quotas_from_headers` parses them, bounded; malformed
-values are ignored). When governor counts more room than that for the meter of the same name
+values are ignored). When governor counted more room than that for the meter of the same name
 (another client spends the same key), :meth:`~governor.Limiter.sync_remaining` charges the
-difference, so every worker sees it at its next decision.
+difference, so every worker sees it at its next decision. The room compared is governor's as
+of the call's admission (``as_of``): the upstream read its counter when the call arrived, and
+calls admitted since would otherwise hide that much of the other client's spending.
 
 Which limit: the one named (``"key"``, ``"task"``, ``"queue"``, ``"all"`` or a label, as for
 Backoff), else the most specific limit of the call with a meter the upstream reports (its key's,
@@ -72,14 +74,21 @@ def sync_quotas(
     rename = dict(meters or {})
     wanted = {rename.get(name, name): q for name, q in quotas.items() if q.remaining is not None}
     out: dict[str, dict[str, int]] = {}
-    for lim, spec, _ in _targets(held, set(wanted), limit):
+    for lim, spec, decision in _targets(held, set(wanted), limit):
+        # the upstream read its counter when this call arrived: compare as of its admission
+        # (the sliding log leaves out what it admitted since, which the upstream had not seen)
+        as_of = decision.slot.end if decision.slot is not None else decision.now
         for meter, quota in wanted.items():
             if meter not in lim.meters:
                 continue
             assert quota.remaining is not None
             try:
                 charged = lim.sync_remaining(
-                    spec.subject, quota.remaining, meter=meter, reset_in=quota.reset_in
+                    spec.subject,
+                    quota.remaining,
+                    meter=meter,
+                    reset_in=quota.reset_in,
+                    as_of=as_of,
                 )
             except (GovernorError, RedisError) as exc:
                 logger.debug("governor: %s not synced with the upstream: %r", spec.label, exc)

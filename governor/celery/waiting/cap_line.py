@@ -6,9 +6,11 @@ freed in between is never missed. Whatever frees a slot later (a holder's releas
 of its body, a refund, a sweep of lapsed leases) hands it to the oldest waiter and returns that
 waiter's message; the process that freed it publishes it at once (:class:`Handover`), and the
 task, on arrival, finds the slot already its own. No polling, no herd: one message per freed
-slot. A process that dies before publishing leaves the hand-over to lapse after the cap's
-lease; the sweepers (the releaser thread, :mod:`.releaser`) then publish it again, and the
-first copy to arrive runs while a second is dropped.
+slot, published once and never again (at most one copy of a message is out at a time:
+governor/lua/cap.lua). A hand-over whose task does not start within the cap's lease (a process
+that died before publishing, a message late, lost, revoked or expired) lapses, and a sweep (the
+releaser thread, :mod:`.releaser`, or any call on the cap) hands the slot on; the lapsed waiter
+keeps its place, and its message, if it ever arrives, takes a free slot or waits again.
 
 Sweepers find the caps with waiters in ``<prefix>:{caps}:due`` (a sorted set of caps by the
 moment a sweep could matter: the earliest lease of their holders), which every queued call
