@@ -29,7 +29,7 @@ import redis
 from bench.common import bench_redis, table
 from governor import Limiter
 from governor.direct import _readable, lane_for
-from governor.scripts import _make, _read
+from governor.scripts import LUA, _make, resolve
 
 FOUR = "1/s, 20/m, 200/h, 800/d"
 SUBJECTS = [f"customer-{i}" for i in range(10_000)]
@@ -82,19 +82,17 @@ def round_trips(client: redis.Redis, calls: int, rounds: int) -> list[list[objec
 
 
 def script_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[object]]:
-    common, gcra = _read("common"), _read("gcra")
+    common, full = resolve(LUA, "common"), resolve(LUA, "gcra")  # gcra includes common
     head = common[: common.index("-- Integers as exact decimal text")]
     unpacking = head[head.index("local n = math.floor") :]
     copies: dict[str, tuple[str, bool]] = {
-        "gcra as it is": (common + "\n" + gcra, False),
+        "gcra as it is": (full, False),
         "without the block's GET": (
-            common
-            + "\n"
-            + gcra.replace("local untl, reason = read_block()", "local untl, reason = nil, nil"),
+            full.replace("local untl, reason = read_block()", "local untl, reason = nil, nil"),
             False,
         ),
         "without the state's SET (admissions)": (
-            common + "\n" + gcra.replace("  store()\n  -- the slot", "  -- the slot"),
+            full.replace("  store()\n  -- the slot", "  -- the slot"),
             False,
         ),
         "prelude + a fixed reply": (common + FIXED, False),

@@ -505,6 +505,7 @@ class LimiterBase:
         reset_in: float | None,
         now: float | None,
         as_of: float | None = None,
+        transit: float = 0.0,
     ) -> ScriptCall | None:
         """A call that charges what the rule's room exceeds the upstream's ``remaining`` by
         (None: the limiter has no rules)."""
@@ -539,6 +540,7 @@ class LimiterBase:
             rule,
             min(remaining, MAX_UNITS),
             "" if as_of is None else _us(as_of, "as_of"),
+            _us(transit, "transit"),
         ]
         return list(self.keys(subject)), args
 

@@ -302,6 +302,7 @@ class Limiter(LimiterBase):
         reset_in: float | None = None,
         now: float | None = None,
         as_of: float | None = None,
+        transit: float = 0.0,
     ) -> int:
         """The upstream reports ``remaining`` units of ``meter`` left (its own counter, e.g.
         ``x-ratelimit-remaining-tokens``): when governor counts more room than that, charge
@@ -318,9 +319,11 @@ class Limiter(LimiterBase):
         The sliding log then compares its room at that moment, leaving out what it admitted
         since, which the upstream had not seen: compared with the room now, calls in flight
         would hide that much of what another client spent. The other algorithms keep no
-        history and compare their room now.
+        history and compare their room now. ``transit``: how much longer the rules' windows
+        are than the upstream's (rules lengthened for the time a call takes to arrive, the
+        Celery layer's ``transit``); the room as of ``as_of`` is counted over the upstream's.
         """
-        call = self._sync_call(subject, remaining, meter, reset_in, now, as_of)
+        call = self._sync_call(subject, remaining, meter, reset_in, now, as_of, transit)
         return 0 if call is None else int(self._eval(self._rates, call))
 
     def usage(self, subject: Subject, *, now: float | None = None) -> Usage:

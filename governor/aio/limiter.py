@@ -175,9 +175,10 @@ class Limiter(LimiterBase):
         reset_in: float | None = None,
         now: float | None = None,
         as_of: float | None = None,
+        transit: float = 0.0,
     ) -> int:
         """See :meth:`governor.Limiter.sync_remaining`."""
-        call = self._sync_call(subject, remaining, meter, reset_in, now, as_of)
+        call = self._sync_call(subject, remaining, meter, reset_in, now, as_of, transit)
         return 0 if call is None else int(await self._eval(self._rates, call))
 
     # -- concurrency caps -----------------------------------------------------------------

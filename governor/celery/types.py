@@ -75,6 +75,9 @@ class LimitConfig:
     ceiling: tuple[Rule, ...] = ()
     """An adaptive limit scaled by its factor: the configured rules, which ``rules`` are a
     share of (empty: ``rules`` are the configured ones)."""
+    transit: float = 0.0
+    """Seconds added to each rule's window (the ``transit`` limit key): ``rules`` hold the
+    lengthened windows; the upstream's are this much shorter (header sync counts over those)."""
     meters: tuple[tuple[str, tuple[Rule, ...]], ...] = ()
     """Rules per meter (``{"requests": "500/m", "tokens": "30000/m"}``), decided together in
     one call; ``rules`` then holds them all, meter after meter. Empty: the rules count calls

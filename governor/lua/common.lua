@@ -24,9 +24,11 @@
 --          counts: see each algorithm); use beyond the estimate is charged now, admitted or not.
 -- sync:    ARGV[5] meter (1-based), ARGV[6] rule (1-based; 0 = the meter's rule with the least
 --          room), ARGV[7] remaining: the upstream's room, ARGV[8] as_of_us: when the upstream
---          read it ('' = now). What the rule's room exceeds it by is charged now to the meter
---          (every rule of it counts it); the sliding log takes its room as of as_of (what it
---          admitted later left out), the others their room now.
+--          read it ('' = now), ARGV[9] transit_us: how much longer the rules' windows are than
+--          the upstream's. What the rule's room exceeds it by is charged to the meter (every
+--          rule of it counts it); the sliding log takes its room as of as_of (what it admitted
+--          later left out) over the upstream's window and charges at as_of, the others take
+--          their room now and charge now.
 --
 -- Decision reply (acquire, peek, reserve, claim, lease), one string of space-separated fields:
 --   "allowed(0|1) retry_after_us(-1 = never) rule(1-based; 0 none; -1 manual block) remaining

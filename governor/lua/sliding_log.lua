@@ -729,12 +729,12 @@ local function per_meter(per_rule)
   return w
 end
 
--- Charge per-rule units now, admitted or not (settle's overrun, sync).
-local function charge_now(per_rule)
+-- Charge per-rule units at `at` (default now), admitted or not (settle's overrun, sync).
+local function charge_now(per_rule, at)
   local w, any = per_meter(per_rule), false
   for m = 1, M do any = any or w[m] > 0 end
   if not any then return false end
-  insert(ceil(now / 1000), w)
+  insert(ceil((at or now) / 1000), w)
   expire()
   if k > CAP then coarsen() end
   return true
@@ -754,13 +754,14 @@ if op == 'settle' then
 end
 
 if op == 'sync' then
-  local asof = tonumber(ARGV[8])
+  local asof, transit = tonumber(ARGV[8]), tonumber(ARGV[9]) or 0
   local room = function(i) return max(0, lim[i] - used(i, now, 0)) end
   if asof and asof < now then
-    -- as of the upstream's reading: the units stamped in (asof - W, asof], entries stamped
-    -- after it left out (admitted since, unseen by the upstream); a floor inside fills it
+    -- as of the upstream's reading: the units stamped in (asof - W, asof] over the upstream's
+    -- window W (the rule's less transit), entries stamped after it left out (admitted since,
+    -- unseen by the upstream); a floor inside fills it
     room = function(i)
-      local top, edge = above(asof, false), asof - win[i]
+      local top, edge = above(asof, false), asof - max(0, win[i] - transit)
       local last = older(top, k, edge)
       if last == k and floor_us and floor_us > edge then return 0 end
       local u = last - top
@@ -769,7 +770,9 @@ if op == 'sync' then
     end
   end
   local per_rule, extra = sync_charge(room)
-  finish(charge_now(per_rule))
+  -- charged as of the reading: what it stands for was spent before it, and a later reading
+  -- (as of a later moment) must count it, or calls in flight would charge it once each
+  finish(charge_now(per_rule, (asof and asof < now) and asof or nil))
   return extra
 end
 

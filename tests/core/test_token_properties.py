@@ -143,8 +143,9 @@ def run(
                 reset_in=reset_in,
                 now=t,
                 as_of=None if as_of is None else as_of / US,
+                transit=tol / US,
             )
-            assert got_units == model.sync(now, j, rule, remaining, as_of), where
+            assert got_units == model.sync(now, j, rule, remaining, as_of, tol), where
             continue
         if op in ("refund", "settle", "claim"):
             if not held[subj]:

@@ -236,8 +236,35 @@ def test_sync_as_of_the_upstreams_reading_sees_past_calls_in_flight(
     assert now_only.sync_remaining("o", 20_000, meter="tokens", now=T0 + 1) == 0  # hidden
     assert lim.sync_remaining("o", 20_000, meter="tokens", now=T0 + 1, as_of=a.slot.end) == 6_000
     assert lim.usage("o", now=T0 + 1).rules[0].used == 20_000
+    # B's answer (arrived at T0 + 0.5, after A's): the upstream had seen A, B and the 6,000;
+    # the charge stands at A's reading, so B's reading counts it and charges nothing again
+    b_at = T0 + 0.5
+    assert lim.sync_remaining("o", 15_000, meter="tokens", now=T0 + 1.1, as_of=b_at) == 0
     # a reading from the future (another host's clock) is taken as now
     assert lim.sync_remaining("o", 10_000, meter="tokens", now=T0 + 1, as_of=T0 + 9) == 0
+
+
+def test_sync_as_of_counts_over_the_upstreams_window_under_transit(
+    r: redis.Redis, prefix: str
+) -> None:
+    """Rules lengthened by a transit of 0.5 s (60.5 s for the upstream's minute): what the
+    upstream dropped from its minute, governor's longer window still holds; as of a reading,
+    the sliding log counts over the upstream's minute."""
+    lim = Limiter(r, {"tokens": "30000/60500ms"}, name="transit", prefix=prefix)
+    lim.acquire("o", {"tokens": 8_000}, now=T0)  # out of the upstream's minute at T0 + 60
+    d = lim.acquire("o", {"tokens": 2_000}, now=T0 + 60.2)
+    assert d.slot is not None
+    # the upstream at d's arrival: d's 2,000 and another client's 3,000 => 25,000 left
+    got = lim.sync_remaining(
+        "o", 25_000, meter="tokens", now=T0 + 60.3, as_of=d.slot.end, transit=0.5
+    )
+    assert got == 3_000
+    # without transit it counts the 8,000 the upstream no longer does: 5,000 hidden
+    other = Limiter(r, {"tokens": "30000/60500ms"}, name="transit-0", prefix=prefix)
+    other.acquire("o", {"tokens": 8_000}, now=T0)
+    e = other.acquire("o", {"tokens": 2_000}, now=T0 + 60.2)
+    assert e.slot is not None
+    assert other.sync_remaining("o", 25_000, meter="tokens", now=T0 + 60.3, as_of=e.slot.end) == 0
 
 
 def test_plain_limiters_settle_and_sync(r: redis.Redis, prefix: str) -> None:

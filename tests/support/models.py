@@ -202,10 +202,10 @@ class SlidingLog(Costed):
             self.maxtol = 0
             self.exists = False
 
-    def _charge(self, now: int, per_rule: list[int]) -> None:
+    def _charge(self, now: int, per_rule: list[int], at: int | None = None) -> None:
         w = self.per_meter(per_rule)
         if any(w):
-            self._insert(-(-now // 1000), w)
+            self._insert(-(-(now if at is None else at) // 1000), w)
             self._trim(now)
 
     def usage(self, now: int) -> list[tuple[int, int, int]]:
@@ -253,9 +253,11 @@ class SlidingLog(Costed):
         self._finish()
         return "settled", back, charge
 
-    def _used_as_of(self, i: int, as_of: int) -> int:
-        """Rule i's units stamped in (as_of - W, as_of]: what the log had counted then."""
+    def _used_as_of(self, i: int, as_of: int, transit: int = 0) -> int:
+        """Rule i's units stamped in (as_of - W, as_of], W the rule's window less transit: what
+        the log had counted then, over the upstream's window."""
         limit, window = self.rules[i]
+        window = max(0, window - transit)
         seen = [e for e in self.entries if e[0] * 1000 <= as_of]
         inside = [e for e in seen if e[0] * 1000 > as_of - window]
         if (
@@ -266,13 +268,21 @@ class SlidingLog(Costed):
             return limit
         return min(limit, sum(e[1 + self.meter_of[i]] for e in inside))
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
+    def sync(
+        self,
+        now: int,
+        meter: int,
+        rule: int,
+        upstream: int,
+        as_of: int | None = None,
+        transit: int = 0,
+    ) -> int:
         if as_of is not None and as_of < now:
-            room = lambda i: max(0, self.rules[i][0] - self._used_as_of(i, as_of))  # noqa: E731
+            room = lambda i: max(0, self.rules[i][0] - self._used_as_of(i, as_of, transit))  # noqa: E731
         else:
             room = lambda i: max(0, self.rules[i][0] - self._used(i, now, 0))  # noqa: E731
         per_rule = self.sync_extra(room, meter, rule, upstream)
-        self._charge(now, per_rule)
+        self._charge(now, per_rule, as_of if as_of is not None and as_of < now else None)
         self._finish()
         return max(per_rule)
 
@@ -433,7 +443,15 @@ class Gcra(Costed):
         self._store(now)
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
+    def sync(
+        self,
+        now: int,
+        meter: int,
+        rule: int,
+        upstream: int,
+        as_of: int | None = None,
+        transit: int = 0,
+    ) -> int:
         def room(i: int) -> int:
             n, t, b = self.rules[i][0], self.T[i], self.B[i]
             return max(0, min(n, (now + b - max(self.tat[i], now)) // t))
@@ -605,7 +623,15 @@ class TokenBucket(Costed):
         self._store(self._charged(view, charge))
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
+    def sync(
+        self,
+        now: int,
+        meter: int,
+        rule: int,
+        upstream: int,
+        as_of: int | None = None,
+        transit: int = 0,
+    ) -> int:
         view = self._view(now)
         per_rule = self.sync_extra(lambda i: max(0, math.floor(view[i][0])), meter, rule, upstream)
         self._store(self._charged(view, per_rule))
@@ -698,7 +724,15 @@ class FixedWindow(Costed):
         self._store([(idx, c - b + k) for (idx, c), b, k in zip(view, back, charge)], now)
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
+    def sync(
+        self,
+        now: int,
+        meter: int,
+        rule: int,
+        upstream: int,
+        as_of: int | None = None,
+        transit: int = 0,
+    ) -> int:
         view = self._view(now)
         per_rule = self.sync_extra(
             lambda i: max(0, self.rules[i][0] - view[i][1]), meter, rule, upstream
@@ -842,7 +876,15 @@ class SlidingWindow(Costed):
         self._count(now, charge)
         return "settled", back, charge
 
-    def sync(self, now: int, meter: int, rule: int, upstream: int, as_of: int | None = None) -> int:
+    def sync(
+        self,
+        now: int,
+        meter: int,
+        rule: int,
+        upstream: int,
+        as_of: int | None = None,
+        transit: int = 0,
+    ) -> int:
         per_rule = self.sync_extra(
             lambda i: max(0, self.rules[i][0] - sum(self._buckets(i, now).values())),
             meter,

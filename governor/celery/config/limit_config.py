@@ -85,7 +85,16 @@ def limit_config(
     if meters and adaptive:
         raise ConfigError(f"{where}: an adaptive limit cannot have meters (not supported yet)")
     return LimitConfig(
-        parsed, name, concurrency, lease, shadow, adaptive, fair_by, weights, meters=meters
+        parsed,
+        name,
+        concurrency,
+        lease,
+        shadow,
+        adaptive,
+        fair_by,
+        weights,
+        transit=float(transit or 0),
+        meters=meters,
     )
 
 

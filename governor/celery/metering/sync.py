@@ -89,6 +89,7 @@ def sync_quotas(
                     meter=meter,
                     reset_in=quota.reset_in,
                     as_of=as_of,
+                    transit=spec.config.transit,
                 )
             except (GovernorError, RedisError) as exc:
                 logger.debug("governor: %s not synced with the upstream: %r", spec.label, exc)
