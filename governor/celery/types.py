@@ -23,14 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import Ignore
+from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
 
 from ..costs import Cost
 from ..decision import Decision
+from ..errors import StorageUnavailable
 from ..limiter import Limiter
 from ..rules import Rule
 
 __all__ = [
     "HEADER",
+    "TRANSIENT",
     "Call",
     "Cap",
     "Deferred",
@@ -47,6 +51,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("governor.celery")
+
+TRANSIENT = (StorageUnavailable, RedisError, BrokerError, OSError)
+"""Errors of a publish that may pass (the broker or Redis away): a re-publish that fails with
+one keeps the original message; a hand-over or a fair message is parked for the releasers."""
 
 
 # -- limits -----------------------------------------------------------------------------

@@ -28,10 +28,9 @@ from .. import fork_guard
 from ..config.limit_config import limit_config
 from ..config.settings import Settings
 from ..config.store import Store
-from ..types import HEADER
+from ..types import HEADER, TRANSIENT
 from ..waiting import dead_letters
 from ..waiting.envelope import open_envelope
-from ..waiting.republish import TRANSIENT
 from .queue import FairQueue, Sent, Taken, copy_marks, fair_due_key
 
 __all__ = ["INTERVAL", "FairDispatcher"]

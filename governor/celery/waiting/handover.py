@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ..types import HEADER, Cap, Handed, handed_by
+from ..types import HEADER, TRANSIENT, Cap, Handed, handed_by
 from . import dead_letters, parking
 from .envelope import envelope, open_envelope
 
@@ -46,8 +46,6 @@ class Handover:
         A slot passed on from a message that cannot go out is published here too, in a loop,
         not by recursion: a line of unreadable messages (``accept_content`` changed under a
         backlog) may pass one slot on hundreds of times."""
-        from .republish import TRANSIENT  # here: republish imports this module
-
         sent = 0
         now = time.time()
         todo = deque(handed)

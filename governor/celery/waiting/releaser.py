@@ -19,10 +19,10 @@ from typing import Any
 import redis
 
 from .. import fork_guard, signals
+from ..types import TRANSIENT
 from . import dead_letters, parking
 from .cap_line import CapSweeper
 from .envelope import open_envelope
-from .republish import TRANSIENT
 
 __all__ = ["Releaser"]
 

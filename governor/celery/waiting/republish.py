@@ -15,27 +15,23 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-import redis
 from celery.exceptions import Reject
-from kombu.exceptions import OperationalError as BrokerError
 
-from ...errors import GovernorError, StorageUnavailable
+from ...errors import GovernorError
 from .. import signals
 from ..config.settings import Settings
 from ..config.store import Store
 from ..decisions.rounds import refund
-from ..types import HEADER, Call, Deferred, Outcome, WaitState
+from ..types import HEADER, TRANSIENT, Call, Deferred, Outcome, WaitState
 from . import parking
 from .envelope import envelope
 from .handover import Handover
 
-__all__ = ["TRANSIENT", "Republisher"]
+__all__ = ["Republisher"]
 
 logger = logging.getLogger("governor.celery")
 SUMMARY_EVERY = 10.0
 """Seconds between the INFO summaries of deferrals a process logs."""
-TRANSIENT = (StorageUnavailable, redis.RedisError, BrokerError, OSError)
-"""Errors that may pass: a re-publish that fails with one keeps the original message."""
 
 
 class Republisher:
