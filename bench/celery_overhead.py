@@ -498,11 +498,11 @@ VARIANTS = ("governed", "ungoverned")
 
 
 def machine(client: redis.Redis) -> list[tuple[str, str]]:
-    from importlib.metadata import version
-
     import billiard
     import celery
     import kombu
+
+    import governor
 
     server = client.info("server")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
@@ -514,7 +514,7 @@ def machine(client: redis.Redis) -> list[tuple[str, str]]:
         ),
         ("redis-py", redis.__version__),
         ("redis-server", f"{server.get('redis_version')} ({server.get('executable', '?')})"),
-        ("governor", version("governor")),
+        ("governor", governor.__version__),
         ("cpus", f"{os.cpu_count()} ({platform.machine()}, {platform.platform(terse=True)})"),
         ("load average", f"{load} (at start)"),
     ]
