@@ -117,13 +117,19 @@ def compare(
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def versions_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments choosing the scripts compared (here and in bench.script_instructions)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--algorithm", default="sliding_log")
     parser.add_argument("--rules", default="4", help="1, 4 (bench.limiter's) or a rule spec")
     parser.add_argument(
         "--against", action="append", default=[], help="baseline or a git revision (repeatable)"
     )
+    return parser
+
+
+def main() -> None:
+    parser = versions_parser(__doc__)
     parser.add_argument("--calls", type=int, default=4000, help="calls per measurement")
     parser.add_argument("--rounds", type=int, default=9, help="rounds (the median is shown)")
     args = parser.parse_args()

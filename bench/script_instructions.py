@@ -28,7 +28,7 @@ import time
 import redis
 
 from bench.common import table
-from bench.script_ab import RULES, version
+from bench.script_ab import RULES, version, versions_parser
 from governor import Limiter
 from governor.embedded import find_redis_server, free_port
 
@@ -105,12 +105,7 @@ def instructions(text: str, rules: str, algorithm: str, args: argparse.Namespace
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--algorithm", default="sliding_log")
-    parser.add_argument("--rules", default="4", help="1, 4 (bench.limiter's) or a rule spec")
-    parser.add_argument(
-        "--against", action="append", default=[], help="baseline or a git revision (repeatable)"
-    )
+    parser = versions_parser(__doc__)
     parser.add_argument("--calls", type=int, default=2000, help="decisions counted")
     parser.add_argument("--warm", type=int, default=16000, help="decisions before them")
     parser.add_argument("--subjects", type=int, default=2000)

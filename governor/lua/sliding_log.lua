@@ -755,13 +755,15 @@ end
 
 if op == 'sync' then
   local asof, transit = tonumber(ARGV[8]), tonumber(ARGV[9]) or 0
+  if asof and asof >= now then asof = nil end  -- a reading not in the past: as of now
   local room = function(i) return max(0, lim[i] - used(i, now, 0)) end
-  if asof and asof < now then
+  if asof then
     -- as of the upstream's reading: the units stamped in (asof - W, asof] over the upstream's
     -- window W (the rule's less transit), entries stamped after it left out (admitted since,
     -- unseen by the upstream); a floor inside fills it
+    local top = above(asof, false)
     room = function(i)
-      local top, edge = above(asof, false), asof - max(0, win[i] - transit)
+      local edge = asof - max(0, win[i] - transit)
       local last = older(top, k, edge)
       if last == k and floor_us and floor_us > edge then return 0 end
       local u = last - top
@@ -772,7 +774,7 @@ if op == 'sync' then
   local per_rule, extra = sync_charge(room)
   -- charged as of the reading: what it stands for was spent before it, and a later reading
   -- (as of a later moment) must count it, or calls in flight would charge it once each
-  finish(charge_now(per_rule, (asof and asof < now) and asof or nil))
+  finish(charge_now(per_rule, asof))
   return extra
 end
 

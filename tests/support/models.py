@@ -277,12 +277,14 @@ class SlidingLog(Costed):
         as_of: int | None = None,
         transit: int = 0,
     ) -> int:
-        if as_of is not None and as_of < now:
-            room = lambda i: max(0, self.rules[i][0] - self._used_as_of(i, as_of, transit))  # noqa: E731
-        else:
-            room = lambda i: max(0, self.rules[i][0] - self._used(i, now, 0))  # noqa: E731
+        past = as_of if as_of is not None and as_of < now else None  # else: as of now
+
+        def room(i: int) -> int:
+            used = self._used(i, now, 0) if past is None else self._used_as_of(i, past, transit)
+            return max(0, self.rules[i][0] - used)
+
         per_rule = self.sync_extra(room, meter, rule, upstream)
-        self._charge(now, per_rule, as_of if as_of is not None and as_of < now else None)
+        self._charge(now, per_rule, past)
         self._finish()
         return max(per_rule)
 
