@@ -9,16 +9,21 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import bootsteps
+from celery.worker.consumer import Consumer
 
+from ..deployment import OK, green_connections
 from . import registry
 from .fair.dispatcher import FairDispatcher
 from .waiting.cap_line import CapSweeper
 from .waiting.releaser import Releaser
 
-__all__ = ["ReleaserStep"]
+__all__ = ["ReleaserStep", "check_green_pool"]
+
+logger = logging.getLogger("governor.celery")
 
 
 class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -35,6 +40,7 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
         governor = registry.find(worker.app)
         if governor is None:
             return
+        check_green_pool(worker)
         settings = governor.settings
         gate = governor.gate
         if governor.uses_fairness:
@@ -69,3 +75,24 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def terminate(self, worker: Any) -> None:
         # StartStopStep.terminate only stops ``self.obj``; a cold shutdown must stop it too.
         self.stop(worker)
+
+
+def check_green_pool(worker: Any) -> None:
+    """One WARNING when a green pool's tasks can exhaust the Redis broker's connections, which
+    loses messages (see :func:`governor.deployment.green_connections`). Never fails start-up."""
+    try:
+        module = getattr(worker.pool_cls, "__module__", "") or ""
+        pool = module.rsplit(".", 1)[-1]
+        conf = worker.app.conf
+        check = green_connections(
+            conf.broker_url or conf.broker_read_url,
+            conf.broker_transport_options,
+            pool,
+            int(worker.concurrency or 0),
+            hasattr(Consumer, "call_soon_ack"),
+        )
+    except Exception as exc:  # a worker built differently: nothing to say
+        logger.debug("governor: could not check the green pool: %r", exc)
+        return
+    if check is not None and check.status != OK:
+        logger.warning("governor: %s", check.detail)

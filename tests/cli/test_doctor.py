@@ -14,7 +14,7 @@ from celery import Celery
 from click.testing import CliRunner, Result
 
 from governor.cli import cli
-from governor.deployment import FAIL, OK, WARN, visibility
+from governor.deployment import FAIL, OK, WARN, green_connections, visibility
 from governor.embedded import EmbeddedRedis
 from support.servers import ServerHandle
 
@@ -144,3 +144,54 @@ def test_visibility_against_park_after(
     found = visibility(broker, options, park_after, max_wait)
     assert found is not None and found.status == status
     assert visibility("amqp://guest@localhost//", None, None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "pool", "concurrency", "acks_from_tasks", "status"),
+    [
+        ("redis://h/0", None, "gevent", 100, True, FAIL),  # kombu's 10 connections
+        ("redis://h/0", {"max_connections": 110}, "gevent", 100, True, OK),
+        ("sentinel://h1;sentinel://h2", {"max_connections": 50}, "eventlet", 100, True, FAIL),
+        ("redis://h/0", None, "gevent", 100, False, None),  # Celery < 5.7 acks on its loop
+        ("redis://h/0", None, "prefork", 4, True, None),
+        ("amqp://guest@localhost//", None, "gevent", 100, True, None),
+    ],
+)
+def test_green_pool_against_the_broker_connections(
+    broker: str,
+    options: dict[str, Any] | None,
+    pool: str,
+    concurrency: int,
+    acks_from_tasks: bool,
+    status: str | None,
+) -> None:
+    found = green_connections(broker, options, pool, concurrency, acks_from_tasks)
+    assert (found.status if found else None) == status
+    if status == FAIL:
+        assert f"'max_connections': {concurrency + 10}" in found.detail  # type: ignore[union-attr]
+
+
+def test_a_gevent_worker_warns_of_too_few_broker_connections(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The warning a worker logs at start (its bootstep), with the setting that fixes it."""
+    pytest.importorskip("gevent")
+    from celery.concurrency.gevent import TaskPool
+    from celery.worker.consumer import Consumer
+
+    from governor.celery.bootstep import check_green_pool
+
+    app = Celery(f"green-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    app.conf.broker_url = "redis://127.0.0.1:1/0"
+    worker = type("Worker", (), {"app": app, "pool_cls": TaskPool, "concurrency": 100})()
+    with caplog.at_level("WARNING", logger="governor.celery"):
+        check_green_pool(worker)
+    warned = [r.getMessage() for r in caplog.records if "max_connections" in r.getMessage()]
+    expected = 1 if hasattr(Consumer, "call_soon_ack") else 0  # Celery 5.7 acks from tasks
+    assert len(warned) == expected, warned
+    assert all("'max_connections': 110" in w for w in warned)
+    caplog.clear()
+    app.conf.broker_transport_options = {"max_connections": 110}
+    with caplog.at_level("WARNING", logger="governor.celery"):
+        check_green_pool(worker)
+    assert not [r for r in caplog.records if "max_connections" in r.getMessage()]

@@ -63,8 +63,19 @@ class Broker:
         """Messages of ``queues`` on the broker or held by one of ``nodes``."""
         raise NotImplementedError
 
+    def describe(self, queues: list[str]) -> str:
+        """What of ``queues`` is left on the broker (for a failure's message)."""
+        return ""
+
     def cleanup(self) -> None:
         """Delete the queues made (and what the transport made for them)."""
+
+
+def _headline(payload: dict[str, Any]) -> str:
+    """A kombu message's task, id, arguments and governor headers, in a line."""
+    h = payload.get("headers") or {}
+    mine = {k: v for k, v in h.items() if k.startswith("governor")}
+    return f"{h.get('task')} {h.get('id')} {h.get('argsrepr')} eta={h.get('eta')} {mine}"
 
 
 class RedisBroker(Broker):
@@ -86,6 +97,18 @@ class RedisBroker(Broker):
         queued = sum(int(self.client.llen(key)) for q in queues for key in self._lists(q))
         unacked = [json.loads(v) for v in self.client.hvals("unacked")]
         return queued + sum(1 for _, _, routing_key in unacked if routing_key in queues)
+
+    def describe(self, queues: list[str]) -> str:
+        lines = []
+        for q in queues:
+            for key in self._lists(q):
+                for raw in self.client.lrange(key, 0, -1):
+                    lines.append(f"queued on {key!r}: {_headline(json.loads(raw))}")
+        for tag, raw in self.client.hgetall("unacked").items():
+            payload, _, routing_key = json.loads(raw)
+            if routing_key in queues:
+                lines.append(f"unacked {tag!r} ({routing_key}): {_headline(payload)}")
+        return "\n".join(lines)
 
     def cleanup(self) -> None:
         for queue in self.made:

@@ -201,7 +201,10 @@ def publish_and_wait(run: Run) -> None:
     assert len(runs) >= run.total, f"{len(runs)} of {run.total} ran\n{diagnose(run)}"
     run.done = max(r["t"] for r in runs)
     left = wait_for(run.left, lambda n: n == 0, timeout=60, every=0.5)
-    assert left == 0, f"{left} messages left on the broker, in a worker or parked\n{run.log()}"
+    assert left == 0, (
+        f"{left} messages left on the broker, in a worker or parked (parked: {run.parked()})\n"
+        f"{run.broker.describe(list(run.queues.values()))}\n{diagnose(run)}"
+    )
 
 
 def diagnose(run: Run) -> str:
