@@ -39,6 +39,8 @@ from typing import Any
 
 import redis
 
+from .pids import pid
+
 __all__ = ["Lane", "NotSent", "lane_for"]
 
 logger = logging.getLogger("governor")
@@ -63,8 +65,8 @@ class Lane:
         """Monotonic time until which callers should use the client instead."""
 
     def _take(self) -> Any:
-        if self._pid != os.getpid():  # forked: the parent's sockets stay the parent's
-            self._idle, self._pid = deque(), os.getpid()
+        if self._pid != pid():  # forked: the parent's sockets stay the parent's
+            self._idle, self._pid = deque(), pid()
         try:
             conn = self._idle.pop()
         except IndexError:

@@ -37,6 +37,8 @@ class GovernedRequestMixin:
     _governor_hold = False
     _governor_dropped = False
     _governor_governed: bool | None = None
+    _governor_found: Any = None
+    _governor_route: Any = None
     id: str
     task: Any
     delivery_info: Any
@@ -44,11 +46,21 @@ class GovernedRequestMixin:
 
     def _governed_message(self) -> bool:
         """Whether governor governs this message (worked out once per message: the dispatch
-        asks, then its acceptance)."""
+        asks, then its acceptance; the governor and the message's route are kept for the
+        dispatch's early deferral)."""
         governed = self._governor_governed
         if governed is None:
-            governor = registry.find(self.task.app)
-            governed = governor is not None and governor.gate.governs(self.task, self.delivery_info)
+            task = self.task
+            governor = registry.find(task.app)
+            governed = False
+            if governor is not None:
+                calls = governor.gate.calls
+                route = calls.route(task, self.delivery_info)
+                governed = bool(route.specs or route.shadows) or (
+                    calls.options(task).key_config is not None
+                )
+                self._governor_found = governor
+                self._governor_route = route
             self._governor_governed = governed
         return governed
 
@@ -146,8 +158,7 @@ class GovernedRequestMixin:
     def _governor_defer_early(self) -> bool:
         if not self._governed_message():
             return False
-        governor = registry.find(self.task.app)
-        return governor is not None and governor.gate.defer_early(self)
+        return bool(self._governor_found.gate.early.defer(self, self._governor_route))
 
     def execute_using_pool(self, pool: Any, **kwargs: Any) -> Any:
         if self._governor_defer_early():

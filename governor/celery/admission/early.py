@@ -66,20 +66,21 @@ class EarlyDeferral:
         self.denying: dict[str, float] = {}
         """Task name -> until when its calls are all worked out: one was seen denied."""
 
-    def defer(self, req: Any) -> bool:
+    def defer(self, req: Any, route: Route | None = None) -> bool:
         """Defer ``req`` (a worker request, before it goes to the pool) if a limit is known
-        to deny it. True if it was deferred; never raises."""
+        to deny it. True if it was deferred; never raises. ``route``: the message's, when the
+        caller has it at hand."""
         if time.monotonic() < self.paused_until:
             return False
         try:
-            return self._defer(req)
+            return self._defer(req, route)
         except Exception as exc:  # never break the consumer: the pool path decides instead
             if isinstance(exc, (StorageUnavailable, redis.RedisError)):
                 self.paused_until = time.monotonic() + EARLY_PAUSE
             logger.debug("governor: early deferral skipped for %s: %r", req.id, exc)
             return False
 
-    def _defer(self, req: Any) -> bool:
+    def _defer(self, req: Any, route: Route | None) -> bool:
         info = req.delivery_info
         if info.get("redelivered"):
             return False  # the pool drops it if it was settled before (see .redelivery)
@@ -91,7 +92,8 @@ class EarlyDeferral:
             and (carried.get("slots") or carried.get("parked"))
         ):
             return False  # bookings are claimed, and copies dropped, in the pool
-        route = calls.route(task, info)
+        if route is None:
+            route = calls.route(task, info)
         if route.fair:
             return False  # fair limits queue their calls in the pool (see ..fair.sharing)
 

@@ -198,11 +198,15 @@ class Gate:
         if lane is None:
             return False
         leases = self.decider.leases
+        told = signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG)
+        if not told and leases.use(lane, opts.cost):  # the usual admission: nothing to tell
+            self.admitted += 1
+            return True
         outcome = leases.take(lane, opts.cost) or leases.grant(lane, opts.cost)
         if outcome is None:  # no room known, or too little: the decider asks Redis
             return False
         self.admitted += 1
-        if signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG):
+        if told:
             call = Call(task, request, args, kwargs, list(route.specs), opts.cost, WaitState())
             self._admitted(call, outcome)
         return True

@@ -7,11 +7,10 @@ parking and the releaser, sweepers, ``submit_batch``, live limits) uses this one
 
 from __future__ import annotations
 
-import os
-
 import redis
 
 from ...limiter import Limiter
+from ...pids import pid
 from ..types import LimitConfig
 from .factors import limiter_rules
 from .settings import Settings
@@ -30,12 +29,12 @@ class Store:
 
     @property
     def client(self) -> redis.Redis:
-        if self._client is None or self._pid != os.getpid():
+        if self._client is None or self._pid != pid():
             self._client = self.settings.require_redis().client(
                 socket_timeout=self.settings.socket_timeout,
                 socket_connect_timeout=self.settings.socket_timeout,
             )
-            self._pid = os.getpid()
+            self._pid = pid()
         return self._client
 
     def limiter(self, name: str, config: LimitConfig) -> Limiter:

@@ -31,7 +31,6 @@ those it holds), or, when a limit has too little room, asks Redis as usual.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from redis.exceptions import RedisError
 from ...decision import Decision
 from ...errors import GovernorError
 from ...limiter import Limiter
+from ...pids import pid
 from ..types import Held, LimitSpec, Outcome
 
 __all__ = ["AdmissionLeases"]
@@ -92,8 +92,8 @@ class AdmissionLeases:
 
     def _mine(self) -> None:
         """Fresh state in a new process (a forked child does not inherit the parent's)."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
+        if self._pid != pid():
+            self._pid = pid()
             self._lock = threading.Lock()
             # keyed by (limiter, subject): a limiter hashes by identity (quick), and the keys
             # keep it alive, so its identity is never reused by another
@@ -109,13 +109,34 @@ class AdmissionLeases:
         span = min(self.span, min(r.period_us for r in lim.rules) / 1e6 / SHARE)
         return span if span >= SHORTEST and lim.algorithm.books and lim.cap is None else 0.0
 
+    def use(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> bool:
+        """Admit from leases this process holds for every limit: :meth:`take` for a caller
+        that needs no :class:`Outcome` (the gate's usual admission)."""
+        return self._use(limiters, cost) is not None
+
     def take(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
         """Admit from leases this process holds for every limit, or None."""
+        leases = self._use(limiters, cost)
+        if leases is None:
+            return None
+        # the decisions are the leases' own: they are never refunded for this task (the units
+        # it took are used; what a lease has left goes back when it is dropped)
+        held: Held = [(lim, spec, x.decision) for x, (lim, spec) in zip(leases, limiters)]
+        return Outcome(True, held=held)
+
+    def _use(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> list[_Lease] | None:
         if self.span <= 0:
             return None
         self._mine()
         with self._lock:
             now = self.clock()
+            if len(limiters) == 1:  # the usual lane: one limit (a queue's or a task's quota)
+                lim, spec = limiters[0]
+                lease = self._held.get((lim, spec.subject))
+                if not _usable(lease, cost, now):
+                    return None
+                lease.left -= cost
+                return [lease]
             leases = []
             for lim, spec in limiters:
                 lease = self._held.get((lim, spec.subject))
@@ -124,10 +145,7 @@ class AdmissionLeases:
                 leases.append(lease)
             for lease in leases:
                 lease.left -= cost
-        # the decisions are the leases' own: they are never refunded for this task (the units
-        # it took are used; what a lease has left goes back when it is dropped)
-        held: Held = [(lim, spec, x.decision) for x, (lim, spec) in zip(leases, limiters)]
-        return Outcome(True, held=held)
+        return leases
 
     def grant(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
         """Admit this task from the leases it holds and new leases for the limits it holds
