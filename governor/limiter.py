@@ -88,7 +88,9 @@ class Limiter(LimiterBase):
 
     def _eval(self, script: LuaScript, call: ScriptCall) -> Any:
         keys, args = call
-        lane = self._lane() if script is self._script else None  # decisions, not blocks
+        # decisions and the caps' operations (a slot given back, renewed, a line joined) go
+        # over the lean lane; manual blocks, rare, through the client
+        lane = self._lane() if script is self._script or script is self._cap_ops else None
         try:
             if lane is not None and time.monotonic() >= lane.rest_until:
                 try:

@@ -12,10 +12,16 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from governor import Limiter, StorageUnavailable
+from governor.caps import new_token
+from governor.celery.config.limit_config import limit_config
+from governor.celery.config.settings import load_settings
+from governor.celery.config.store import Store
+from governor.celery.decisions.decider import Decider
 from governor.celery.decisions.leases import AdmissionLeases
-from governor.celery.types import LimitConfig, LimitSpec
+from governor.celery.types import LimitConfig, LimitSpec, WaitState, Who
 from governor.embedded import free_port
 from governor.rules import parse_rules
+from support.servers import ServerHandle
 
 Made = Callable[[AdmissionLeases], AdmissionLeases]
 
@@ -226,3 +232,66 @@ def test_a_denied_lease_forgets_the_room(r: redis.Redis, prefix: str, made: Made
     assert leases.grant([pair], 1) is None
     pair[0].unblock("q")
     assert leases.grant([pair], 1) is None  # no room known until a decision says so
+
+
+def _capped_decider(
+    redis_server: ServerHandle, prefix: str, cap: int
+) -> tuple[Decider, list[LimitSpec]]:
+    """A pool process's decider (leases of 0.2 s) and a call's limits: a queue quota that
+    never binds, and a concurrency cap of ``cap`` on the task (no rate of its own)."""
+    settings = load_settings({"governor_redis_url": redis_server.url(0), "governor_prefix": prefix})
+    decider = Decider(settings, Store(settings))
+    quota = LimitSpec("queue", "queue", limit_config("100000/s", "gcra", "q"), "q")
+    capped = LimitSpec("task", "task", limit_config({"concurrency": cap}, "gcra", "t"), "t")
+    return decider, [quota, capped]
+
+
+def holding(cap: Limiter, spec: LimitSpec) -> set[str]:
+    return {h.holder for h in cap.holders(spec.subject).holders}
+
+
+def _who(n: int) -> Who:
+    return Who(f"task-{n}:0", new_token(), "test")
+
+
+def test_a_capped_call_takes_its_rates_from_leases_and_only_the_slot_from_redis(
+    redis_server: ServerHandle, prefix: str
+) -> None:
+    decider, specs = _capped_decider(redis_server, prefix, cap=3)
+    [(quota, _), (cap, capped)] = decider.limiters(specs)
+    try:
+        outcomes = [
+            decider.decide(specs, 1, WaitState(), lease=True, who=_who(n)) for n in range(6)
+        ]
+        assert [o.allowed for o in outcomes] == [True, True, True, False, False, False]
+        assert all(o.decision is not None and o.decision.capped == "full" for o in outcomes[3:])
+        assert holding(cap, capped) == {f"task-{n}:0" for n in range(3)}
+        # the first call saw the quota's room, the second leased it: the rest took no quota
+        # call of their own (one script each, the cap's), and the turned-away calls' units went
+        # back to the lease
+        leased = decider.leases._held[(quota, "q")]
+        assert leased.size - leased.left == 1  # of the three admitted after the first lease
+        for o in outcomes[:3]:  # each admitted call holds the quota's decision and its slot
+            assert [spec.name for _, spec, _ in o.held] == ["queue", "task"]
+            assert o.held[1][2].hold is not None
+        decider.refund(outcomes[0].held, 1)  # the body ended: its slot goes back
+        again = decider.decide(specs, 1, WaitState(), lease=True, who=_who(9))
+        assert again.allowed and holding(cap, capped) == {"task-1:0", "task-2:0", "task-9:0"}
+    finally:
+        decider.leases.release()
+
+
+def test_a_full_cap_gives_the_leased_units_back(r: redis.Redis, prefix: str, made: Made) -> None:
+    clock = Clock()
+    leases = made(AdmissionLeases(0.2, clock))
+    pair = limit(r, prefix, "roomy", "1000/s")
+    seen(leases, pair)
+    granted = leases.grant([pair], 1)
+    assert granted is not None
+    lease = leases._held[(pair[0], "q")]
+    assert lease.left == 2
+    assert leases.take([pair], 1) is not None and lease.left == 1
+    leases.untake([pair], 1)  # the cap turned the task away: its unit is the lease's again
+    assert lease.left == 2
+    leases.untake([pair], 5)  # never more than the lease's decision counted
+    assert lease.left == lease.decision.cost == 3

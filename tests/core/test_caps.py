@@ -18,9 +18,12 @@ import uuid
 import pytest
 import redis
 import redis.asyncio as aioredis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from governor import Concurrency, ConfigError, GovernorTimeout, Limiter, SlotLost
 from governor.aio import Concurrency as AioConcurrency
+from governor.caps import _spaced
 from support.celery_helpers import wait_for
 from support.servers import ServerHandle
 
@@ -282,3 +285,8 @@ def test_threads_sharing_one_cap_never_exceed_it(r: redis.Redis, prefix: str) ->
         peak = max(peak, running)
     assert peak <= 3
     assert cap.holders("s").holders == ()
+
+
+@given(st.text(max_size=12))
+def test_a_space_in_a_holder_id_is_found_as_str_isspace_finds_it(text: str) -> None:
+    assert _spaced(text) == any(c.isspace() for c in text)

@@ -106,14 +106,44 @@ class Decider:
                 outcome = self.pacing.pace(limiters, cost, state, outcome, handed)
             if outcome is not None or fair or per_meter:
                 return outcome or acquire_all(limiters, cost, who, handed)
-        elif lease and type(cost) is int and not any(lim.cap for lim, _ in limiters):
-            outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
-            if outcome is not None:
-                return outcome
+        elif lease and type(cost) is int:
+            caps = [(lim, spec) for lim, spec in limiters if lim.cap is not None]
+            if not caps:
+                outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
+                if outcome is not None:
+                    return outcome
+            elif len(caps) < len(limiters) and not any(lim.rules for lim, _ in caps):
+                outcome = self._leased_with_caps(limiters, caps, cost, who, handed)
+                if outcome is not None:
+                    return outcome
         outcome = reserve_all(limiters, cost, self.settings.late_tolerance, None, who, handed)
         if lease:
             self.leases.observe(outcome.held)
         return outcome
+
+    def _leased_with_caps(
+        self,
+        limiters: list[tuple[Limiter, LimitSpec]],
+        caps: list[tuple[Limiter, LimitSpec]],
+        cost: int,
+        who: Who | None,
+        handed: Handed,
+    ) -> Outcome | None:
+        """The rates from leases, the caps' slots from Redis (caps with no rates of their own:
+        a slot is taken now or the cap is full, nothing is booked). None: the rates have no
+        lease with room (the caller asks for everything as usual)."""
+        rates = [(lim, spec) for lim, spec in limiters if lim.cap is None]
+        leased = self.leases.take(rates, cost) or self.leases.grant(rates, cost)
+        if leased is None:
+            return None
+        slots = acquire_all(caps, cost, who, handed)
+        if not slots.allowed:
+            self.leases.untake(rates, cost)
+            return slots
+        by_key = {(id(lim), spec.subject): (lim, spec, d) for lim, spec, d in leased.held}
+        by_key.update({(id(lim), spec.subject): (lim, spec, d) for lim, spec, d in slots.held})
+        held: Held = [by_key[(id(lim), spec.subject)] for lim, spec in limiters]
+        return Outcome(True, now=slots.held[-1][2].now, held=held)
 
     def reserve_all(
         self,

@@ -24,6 +24,9 @@ The sliding log takes back exactly those units; gcra only a whole lease that is 
 newest, otherwise they stay counted until its schedule catches up.
 
 Only limits whose algorithm books (sliding_log, gcra), and only for tasks that hold no bookings.
+A call that also has concurrency caps (caps alone, no rates of their own) takes its rates from
+leases and asks Redis only for the caps' slots (a slot cannot be leased); when a cap is full,
+the units go back to the leases (:meth:`AdmissionLeases.untake`).
 A task whose limits do not all hold a lease with room for it leases the missing ones (keeping
 those it holds), or, when a limit has too little room, asks Redis as usual.
 """
@@ -147,6 +150,18 @@ class AdmissionLeases:
                 lease.left -= cost
         return leases
 
+    def untake(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> None:
+        """Give the units :meth:`take` or :meth:`grant` just gave a task back to the leases it
+        took them from: the task did not start (a full concurrency cap turned it away). A
+        lease replaced meanwhile gets them back only up to what its own decision counted; one
+        given back meanwhile keeps them counted (stricter, never looser)."""
+        self._mine()
+        with self._lock:
+            for lim, spec in limiters:
+                lease = self._held.get((lim, spec.subject))
+                if lease is not None:
+                    lease.left = min(lease.left + cost, lease.decision.cost)
+
     def grant(self, limiters: list[tuple[Limiter, LimitSpec]], cost: int) -> Outcome | None:
         """Admit this task from the leases it holds and new leases for the limits it holds
         none for (one call per new lease), or None when a limit has too little room (the
@@ -224,7 +239,7 @@ class AdmissionLeases:
         """Forget a lease and size the next one after it (lock held)."""
         lease = self._held.pop(key, None)
         if lease is not None:
-            used = lease.size - lease.left
+            used = max(0, lease.size - lease.left)  # (untake may leave more than its size)
             self._next[key] = 2 * lease.size if lease.left == 0 else used
         return lease
 
