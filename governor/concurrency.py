@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -146,6 +147,8 @@ class Renewer:
         self._cond = threading.Condition()
         self._permits: set[Permit] = set()
         self._thread: threading.Thread | None = None
+        self._wake_at = -math.inf
+        """When the thread, waiting, wakes next (monotonic); -inf while it is not waiting."""
 
     def add(self, permit: Permit) -> None:
         with self._cond:
@@ -155,7 +158,8 @@ class Renewer:
                     target=self._run, name="governor-renewer", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if self._due(permit) < self._wake_at:  # else it wakes in time anyway: a slot
+                self._cond.notify()  # taken per task would wake it per task for nothing
 
     def forget(self, permit: Permit) -> None:
         with self._cond:
@@ -178,7 +182,9 @@ class Renewer:
                 due = [p for p in self._permits if self._due(p) <= now]
                 if not due:
                     nxt = min((self._due(p) for p in self._permits), default=now + 60.0)
-                    self._cond.wait(timeout=max(0.01, nxt - now))
+                    self._wake_at = max(now + 0.01, nxt)
+                    self._cond.wait(timeout=self._wake_at - now)
+                    self._wake_at = -math.inf
                     continue
             for permit in due:
                 self._renew(permit)
