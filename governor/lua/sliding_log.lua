@@ -394,30 +394,51 @@ if not fast then
     return min(l, Yv[skip * M + m] - Yv[last * M + m] + last - skip)
   end
 
-  -- The earliest moment >= t0 that can take the cost (see the header), and the rule that
-  -- denied at t0 longest (0 = none). nil if it keeps moving (bookings everywhere).
-  place = function(t0, tol)
+  -- With headroom: the earliest moment from x on whose room under rule i holds the cost and
+  -- that moment's own headroom, which grows with the moment: moved on while it does not (16
+  -- steps, then once more with the most any moment keeps; see the header). place() and
+  -- remaining() are handed the headroom by wrappers made only then: without it, they capture
+  -- nothing more (a closure costs per variable it captures, on every call).
+  local beyond = nil
+  if hr then
+    beyond = function(i, x, tol)
+      local y, room = x, lim[i] - cost[i]
+      local steps = hr.a[meter[i]] > 0 and 17 or 1  -- (a meter without: one step, as before)
+      for step = 1, steps do
+        local h = steps == 1 and 0 or step < 17 and spare(i, y) or most(i)
+        local skip, horizon = 0, y + win[i] + tol + maxtol + 1000
+        if k > 0 and head >= horizon then skip = above(horizon, true) end
+        local j = cut(skip, room - h, meter[i])
+        local e = j < k and S[j] or floor_us  -- (past the entries only a floor counts)
+        if not (e and e + win[i] > y) then return y end
+        y = e + win[i]
+      end
+      return y
+    end
+  end
+
+  -- The earliest moment >= t0 that can take the cost (see the header; with headroom, `beyond`),
+  -- and the rule that denied at t0 longest (0 = none). nil if it keeps moving (bookings
+  -- everywhere).
+  place = function(t0, tol, beyond)
     local x, denier = t0, 0
     for round = 1, 8 do
       local moved = false
       for i = 1, n do
-        if cost[i] > 0 then
-          -- (with headroom, the room at the moment found must hold its own headroom, which
-          -- grows with the moment: moved on until it does; see the header)
-          local y, room = x, lim[i] - cost[i]
-          local steps = (hr and hr.a[meter[i]] > 0) and 17 or 1
-          for step = 1, steps do
-            local h = steps == 1 and 0 or step < 17 and spare(i, y) or most(i)
-            local skip, horizon = 0, y + win[i] + tol + maxtol + 1000
-            if k > 0 and head >= horizon then skip = above(horizon, true) end
-            local j = skip + room - h  -- (where cut finds it when every entry is one unit)
-            if not uniform then j = cut(skip, room - h, meter[i]) end
-            local e = j < k and S[j] or floor_us  -- (past the entries only a floor counts)
-            if not (e and e + win[i] > y) then break end
-            y = e + win[i]
-          end
+        if cost[i] > 0 and beyond then
+          local y = beyond(i, x, tol)
           if y > x then
             x, moved = y, true
+            if round == 1 then denier = i end
+          end
+        elseif cost[i] > 0 then
+          local skip, horizon = 0, x + win[i] + tol + maxtol + 1000
+          if k > 0 and head >= horizon then skip = above(horizon, true) end
+          local j = skip + lim[i] - cost[i]  -- (where cut finds it when every entry is one unit)
+          if not uniform then j = cut(skip, lim[i] - cost[i], meter[i]) end
+          local e = j < k and S[j] or floor_us  -- (past the entries only a floor counts)
+          if e and e + win[i] > x then
+            x, moved = e + win[i], true
             if round == 1 then denier = i end  -- the last to move it waits longest
           end
         end
@@ -427,10 +448,10 @@ if not fast then
     return nil, denier
   end
 
-  -- The smallest room over the rules (after this call's cost when `after`). A rule that leaves
-  -- more than the best so far even if it counted every entry is not searched (unless a floor
-  -- may fill it).
-  remaining = function(after)
+  -- The smallest room over the rules (after this call's cost when `after`, less what each
+  -- keeps free when `spare`). A rule that leaves more than the best so far even if it counted
+  -- every entry is not searched (unless a floor may fill it).
+  remaining = function(after, spare)
     local best = nil
     for i = 1, n do
       if best == 0 then break end
@@ -442,6 +463,12 @@ if not fast then
       end
     end
     return best or 0
+  end
+
+  if hr then
+    local place_in, remaining_in = place, remaining
+    place = function(t0, tol) return place_in(t0, tol, beyond) end
+    remaining = function(after) return remaining_in(after, spare) end
   end
 end
 
