@@ -324,6 +324,15 @@ class Limiter(LimiterBase):
         history and compare their room now. ``transit``: how much longer the rules' windows
         are than the upstream's (rules lengthened for the time a call takes to arrive, the
         Celery layer's ``transit``); the room as of ``as_of`` is counted over the upstream's.
+
+        Headroom (the sliding log): a sync that charged something also keeps, apart from the
+        log, what the readings found the other client spent (their sum over about the meter's
+        shortest window, fading as readings find nothing) and the latest reading's moment.
+        Decisions then keep free what the other client is projected to have spent since that
+        reading at that rate (a window's worth at most, never more than the limit less the
+        call's units), which no reading shows yet; the next reading counts it in the log and
+        starts again. A limit that never had a sync that charged anything decides as before
+        (docs/token-quotas.md).
         """
         call = self._sync_call(subject, remaining, meter, reset_in, now, as_of, transit)
         return 0 if call is None else int(self._eval(self._rates, call))

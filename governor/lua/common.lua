@@ -27,8 +27,9 @@
 --          read it ('' = now), ARGV[9] transit_us: how much longer the rules' windows are than
 --          the upstream's. What the rule's room exceeds it by is charged to the meter (every
 --          rule of it counts it); the sliding log takes its room as of as_of (what it admitted
---          later left out) over the upstream's window and charges at as_of, the others take
---          their room now and charge now.
+--          later left out) over the upstream's window and charges at as_of (and keeps the
+--          headroom's state: see sliding_log.lua), the others take their room now and charge
+--          now.
 --
 -- Decision reply (acquire, peek, reserve, claim, lease), one string of space-separated fields:
 --   "allowed(0|1) retry_after_us(-1 = never) rule(1-based; 0 none; -1 manual block) remaining

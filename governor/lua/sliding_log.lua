@@ -20,9 +20,28 @@
 --          Entries that can count no more (at or before now minus the longest window) are
 --          trimmed when the log is written. Past CAP entries, the past is merged two by two,
 --          each pair at its newer stamp (see coarsen: stricter, never looser).
+--          Once a header sync found another client spending, meta goes on with the headroom's
+--          state, ":h<t_1>/<A_1>,...,<t_M>/<A_M>" (below; t in us, A in units; A = 0: none for
+--          that meter); it is dropped when every A is 0 again.
 -- KEYS[2]  manual block (see common.lua)
 -- ARGV     see common.lua; no extras.
 -- Returns  see common.lua.
+--
+-- Headroom (header sync). A sync whose reading shows units the log did not count (another
+-- client spends the same quota) charges them at the reading (common.lua), and keeps per meter,
+-- apart from the log: t, the latest reading's moment, and A, what readings found, fading with
+-- the time between them: A <- floor(A * (T - d) / T) + found (0 after a whole T), at most L,
+-- for d the time since the previous reading, T the meter's shortest window and L its limit.
+-- With readings every d finding the other client's spending, A is what it spends in a window
+-- of T, and A / T its rate. A decision then keeps free, under each rule i of the meter, what
+-- the other client is projected to have spent since the latest reading, which no reading
+-- shows yet: H_i(x) = floor(A * min(x - t, W_i) / T) at moment x (0 before t), never more
+-- than the limit less the call's units (no call waits forever for it). The next reading
+-- counts that spending in the log and starts H again from 0; readings that find nothing let A
+-- fade. Headroom only makes decisions stricter and is not counted: syncs compare the log alone,
+-- usage shows the log. H grows with x, so a moment found for later (a retry-after, a booking)
+-- must hold its own: the search moves on while the room at the moment found is short (16
+-- steps, then once more with the most any moment keeps, floor(A * W_i / T)).
 --
 -- A moment x can take cost_i more units under rule i when the units inside
 -- (x - W, x + W + tolerance + maxtol + 1 ms) leave room for them: any window of W that can hold
@@ -94,6 +113,7 @@ local len = #first
 if len == FIRST * E + 2 then len = redis.call('LLEN', key) end
 local k, base, floor_us, maxtol, Y = 0, 0, nil, 0, {}
 for m = 1, M do Y[m] = 0 end
+local hr = nil  -- the headroom's state (see the header): {t = {t_m}, a = {A_m}}, or nil (none)
 if len > 0 then
   local meta, b = first[len - 1], first[len]
   if len > #first then
@@ -101,6 +121,21 @@ if len > 0 then
     meta, b = tail[1], tail[2]
   end
   local f, t, ys = string.match(meta or '', '^f(%-?%d*):(%d+):([%d,%-]+)$')
+  if not t then  -- (a log with headroom: its state follows)
+    local h
+    f, t, ys, h = string.match(meta or '', '^f(%-?%d*):(%d+):([%d,%-]+):h([%d/,]+)$')
+    if h then
+      hr = {t = {}, a = {}}
+      local m, any = 0, false
+      for ht, ha in string.gmatch(h, '(%d+)/(%d+)') do
+        m = m + 1
+        hr.t[m], hr.a[m] = tonumber(ht), tonumber(ha)
+        any = any or hr.a[m] > 0
+      end
+      if m ~= M then corrupt('sliding log') end
+      if not any then hr = nil end
+    end
+  end
   base = tonumber(string.match(b or '', '^b(%-?%d+)$') or '')
   if not (t and base) or (len - 2) % E ~= 0 then corrupt('sliding log') end
   if M == 1 then
@@ -119,7 +154,38 @@ if len > 0 then
   if f ~= '' then floor_us = (base + tonumber(f)) * 1000 end
 end
 local exists = len > 0
-local dirty = false  -- meta changed (floor, maxtol, Y)
+local dirty = false  -- meta changed (floor, maxtol, Y, the headroom's state)
+
+-- The headroom (see the header), made only for a log that has some (and a sync): shortest()
+-- per meter, the window T and limit L of its shortest rule (the smallest limit of rules as
+-- short); spare(i, x) what rule i keeps free at moment x; most(i) the most it keeps at any.
+local spare, most, shortest = nil, nil, nil
+if hr or op == 'sync' then
+  shortest = function()
+    local w, l = {}, {}
+    for i = 1, n do
+      local m = meter[i]
+      if not w[m] or win[i] < w[m] or win[i] == w[m] and lim[i] < l[m] then
+        w[m], l[m] = win[i], lim[i]
+      end
+    end
+    return w, l
+  end
+end
+if hr then
+  hr.w = shortest()
+  spare = function(i, x)
+    local m = meter[i]
+    local a, d = hr.a[m], x - hr.t[m]
+    if a == 0 or d <= 0 then return 0 end
+    if d > win[i] then d = win[i] end
+    return max(0, min(lim[i] - cost[i], math.floor(a * d / hr.w[m])))
+  end
+  most = function(i)
+    local m = meter[i]
+    return max(0, min(lim[i] - cost[i], math.floor(hr.a[m] * win[i] / hr.w[m])))
+  end
+end
 
 -- The entries (0-based i, newest first): S[i] the stamp in us, Yv[i * M + m] its y for meter m,
 -- and Yv[k * M + m] = Y[m] (below the oldest). An entry is parsed when first looked at, from
@@ -150,7 +216,7 @@ if op ~= 'usage' and op ~= 'refund' and op ~= 'settle' and op ~= 'sync' then
 end
 local stamp_ms, rem, slot, rule = nil, nil, now, 0
 local fast = (op == 'acquire' or op == 'peek' or op == 'reserve' and not_before <= now)
-  and uniform and not untl and not never
+  and uniform and not untl and not never and not hr
 if fast then
   -- (an entry's stamp is parsed where it is looked at, S[j] or ..., the newest first: no
   -- function is made for it)
@@ -328,14 +394,44 @@ if not fast then
     return min(l, Yv[skip * M + m] - Yv[last * M + m] + last - skip)
   end
 
-  -- The earliest moment >= t0 that can take the cost (see the header), and the rule that
-  -- denied at t0 longest (0 = none). nil if it keeps moving (bookings everywhere).
-  place = function(t0, tol)
+  -- With headroom: the earliest moment from x on whose room under rule i holds the cost and
+  -- that moment's own headroom, which grows with the moment: moved on while it does not (16
+  -- steps, then once more with the most any moment keeps; see the header). place() and
+  -- remaining() are handed the headroom by wrappers made only then: without it, they capture
+  -- nothing more (a closure costs per variable it captures, on every call).
+  local beyond = nil
+  if hr then
+    beyond = function(i, x, tol)
+      local y, room = x, lim[i] - cost[i]
+      local steps = hr.a[meter[i]] > 0 and 17 or 1  -- (a meter without: one step, as before)
+      for step = 1, steps do
+        local h = steps == 1 and 0 or step < 17 and spare(i, y) or most(i)
+        local skip, horizon = 0, y + win[i] + tol + maxtol + 1000
+        if k > 0 and head >= horizon then skip = above(horizon, true) end
+        local j = cut(skip, room - h, meter[i])
+        local e = j < k and S[j] or floor_us  -- (past the entries only a floor counts)
+        if not (e and e + win[i] > y) then return y end
+        y = e + win[i]
+      end
+      return y
+    end
+  end
+
+  -- The earliest moment >= t0 that can take the cost (see the header; with headroom, `beyond`),
+  -- and the rule that denied at t0 longest (0 = none). nil if it keeps moving (bookings
+  -- everywhere).
+  place = function(t0, tol, beyond)
     local x, denier = t0, 0
     for round = 1, 8 do
       local moved = false
       for i = 1, n do
-        if cost[i] > 0 then
+        if cost[i] > 0 and beyond then
+          local y = beyond(i, x, tol)
+          if y > x then
+            x, moved = y, true
+            if round == 1 then denier = i end
+          end
+        elseif cost[i] > 0 then
           local skip, horizon = 0, x + win[i] + tol + maxtol + 1000
           if k > 0 and head >= horizon then skip = above(horizon, true) end
           local j = skip + lim[i] - cost[i]  -- (where cut finds it when every entry is one unit)
@@ -352,20 +448,27 @@ if not fast then
     return nil, denier
   end
 
-  -- The smallest room over the rules (after this call's cost when `after`). A rule that leaves
-  -- more than the best so far even if it counted every entry is not searched (unless a floor
-  -- may fill it).
-  remaining = function(after)
+  -- The smallest room over the rules (after this call's cost when `after`, less what each
+  -- keeps free when `spare`). A rule that leaves more than the best so far even if it counted
+  -- every entry is not searched (unless a floor may fill it).
+  remaining = function(after, spare)
     local best = nil
     for i = 1, n do
       if best == 0 then break end
       local extra, m = after and cost[i] or 0, meter[i]
+      if spare then extra = extra + spare(i, now) end  -- (what the rule keeps free)
       if best == nil or floor_us or lim[i] - (Yv[m] - Yv[k * M + m] + k) - extra < best then
         local r = max(0, lim[i] - used(i, now, 0) - extra)
         if best == nil or r < best then best = r end
       end
     end
     return best or 0
+  end
+
+  if hr then
+    local place_in, remaining_in = place, remaining
+    place = function(t0, tol) return place_in(t0, tol, beyond) end
+    remaining = function(after) return remaining_in(after, spare) end
   end
 end
 
@@ -523,7 +626,11 @@ local function meta_text()
   local ys = {}
   for m = 1, M do ys[m] = fmt(Y[m]) end
   local f = floor_us and fmt(floor_us / 1000 - base) or ''
-  return 'f' .. f .. ':' .. fmt(maxtol) .. ':' .. table.concat(ys, ',')
+  local text = 'f' .. f .. ':' .. fmt(maxtol) .. ':' .. table.concat(ys, ',')
+  if not hr then return text end
+  local h = {}
+  for m = 1, M do h[m] = fmt(hr.t[m]) .. '/' .. fmt(hr.a[m]) end
+  return text .. ':h' .. table.concat(h, ',')
 end
 
 -- After a write: the entries known (0-based, as S and Yv), the others read from Redis.
@@ -713,7 +820,7 @@ end
 -- Write meta, drop an empty log, set the expiry (when `counted`: something was added).
 local function finish(counted)
   if not exists then return end
-  if k == 0 and not floor_us then
+  if k == 0 and not floor_us and not hr then  -- (the headroom's state stays with its meta)
     redis.call('DEL', key)
     return
   end
@@ -772,6 +879,36 @@ if op == 'sync' then
     end
   end
   local per_rule, extra = sync_charge(room)
+  -- the meter's headroom state (see the header): what this reading found added to what earlier
+  -- ones found, faded by the time between them; the latest reading's moment
+  local m, at = tonumber(ARGV[5]), asof or now
+  local w, l = shortest()
+  local a0 = hr and hr.a[m] or 0
+  local a, t, found = a0, at, extra
+  if a0 > 0 then
+    local d = at - hr.t[m]
+    if d <= 0 then
+      -- a reading older than the latest, answered late: the latest one saw what it finds (its
+      -- comparison leaves out the charge made at the later moment), so A does not take it
+      t, found = hr.t[m], 0
+    elseif d < w[m] then
+      a = math.floor(a0 * (w[m] - d) / w[m])
+    else
+      a = 0
+    end
+  end
+  a = min(l[m], a + found)
+  if a ~= a0 or a > 0 and t ~= hr.t[m] then
+    if not hr then
+      hr = {t = {}, a = {}}
+      for j = 1, M do hr.t[j], hr.a[j] = 0, 0 end
+    end
+    hr.t[m], hr.a[m] = a > 0 and t or 0, a
+    local any = false
+    for j = 1, M do any = any or hr.a[j] > 0 end
+    if not any then hr = nil end
+    dirty = true
+  end
   -- charged as of the reading: what it stands for was spent before it, and a later reading
   -- (as of a later moment) must count it, or calls in flight would charge it once each
   finish(charge_now(per_rule, asof))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_properties import WINDOWS_MS, as_tuple
 
 from governor import CostError, Decision, Limiter, Rule
-from support.models import MODELS
+from support.models import MODELS, SlidingLog
 
 US = 1_000_000
 ALGORITHMS = list(MODELS)
@@ -47,7 +47,7 @@ used_st = st.lists(  # per meter: as estimated (None), less by this much (< 0), 
 )
 
 
-def steps_st(books: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
+def steps_st(books: bool, headroom: bool = False) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     ops = ["acquire", "acquire", "acquire", "peek", "refund", "usage", "settle", "settle", "sync"]
     if books:
         ops += ["reserve", "reserve", "claim", "claim", "lease"]
@@ -59,6 +59,11 @@ def steps_st(books: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
         st.integers(-3_000, 0),  # the clock may step back
         st.sampled_from([3_600 * US, 86_400 * US]),
     )
+    if headroom:  # syncs that find units, and decisions soon after them
+        ops += ["sync", "sync", "sync", "acquire", "reserve"]
+        dt = st.one_of(
+            st.just(0), st.integers(0, 300_000), st.integers(0, 3 * US), st.integers(-3_000, 0)
+        )
     step = st.tuples(
         dt,
         st.sampled_from(ops),
@@ -231,6 +236,48 @@ def test_meters_match_model(r: redis.Redis, prefix: str, algo: str, data: st.Dat
     lease = data.draw(st.sampled_from([1 * US, 30 * US, 600 * US]), label="lease")
     start = data.draw(st.integers(1_600_000_000 * US, 1_900_000_000 * US), label="start")
     run(r, f"{prefix}{uuid.uuid4().hex[:8]}", algo, meters, lease, steps, start)
+
+
+@given(data=st.data())
+def test_headroom_matches_model(r: redis.Redis, prefix: str, data: st.DataObject) -> None:
+    """The sliding log's headroom (header syncs that found another client spending): syncs
+    often, decisions soon after them, against the model."""
+    meters = data.draw(meters_st, label="meters")
+    steps = data.draw(steps_st(True, headroom=True), label="steps")
+    lease = data.draw(st.sampled_from([1 * US, 30 * US, 600 * US]), label="lease")
+    start = data.draw(st.integers(1_600_000_000 * US, 1_900_000_000 * US), label="start")
+    run(r, f"{prefix}{uuid.uuid4().hex[:8]}", "sliding_log", meters, lease, steps, start)
+
+
+def test_headroom_search_settles_at_its_most(
+    r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the headroom grows as fast as the log empties (a window of one-unit entries, and
+    a reading that found another client spending half the limit), the search for a later
+    moment stops moving one entry at a time and takes the headroom at its most: a moment whose
+    room holds any headroom (here also the earliest: when the reading's charge leaves the
+    window), admissible then, as the model says."""
+    lim = Limiter(r, "2000/10s", name="most", prefix=prefix)
+    model = SlidingLog([(2_000, 10 * US)])
+    mosts = []
+    real_most = SlidingLog._most
+    monkeypatch.setattr(
+        SlidingLog, "_most", lambda self, i, c: mosts.append(i) or real_most(self, i, c)
+    )
+    t0 = 1_700_000_000 * US
+    for j in range(1_000):
+        d = lim.acquire("s", 1, now=(t0 + j * 10_000) / US)
+        assert as_tuple(d, lim.rules) == model.decide("acquire", t0 + j * 10_000, 1)
+    reading = t0 + 9_990_000
+    got = lim.sync_remaining("s", 1, now=(reading + 5_000) / US, as_of=reading / US)
+    assert got == model.sync(reading + 5_000, 0, 0, 1, reading) == 999
+    for now in (t0 + 10 * US, t0 + 10 * US + 1, t0 + 10 * US + 1_000):
+        d = lim.acquire("s", 1, now=now / US)
+        assert as_tuple(d, lim.rules) == model.decide("acquire", now, 1)
+    assert not d.allowed and mosts
+    then = now + round(d.retry_after * US)
+    d = lim.acquire("s", 1, now=then / US)
+    assert d.allowed and as_tuple(d, lim.rules) == model.decide("acquire", then, 1)
 
 
 def assert_weighted_windows(

@@ -267,6 +267,174 @@ def test_sync_as_of_counts_over_the_upstreams_window_under_transit(
     assert other.sync_remaining("o", 25_000, meter="tokens", now=T0 + 60.3, as_of=e.slot.end) == 0
 
 
+# -- headroom: the other client's spending since the latest reading --------------------------
+
+QUOTA = {"tokens": "16000/4s"}
+
+
+def headroom(lim: Limiter, subject: str, now: float) -> int:
+    """The tokens a limiter keeps free at ``now`` beyond what its log counts (for a call of one
+    token): the room the log leaves less the room a decision sees."""
+    used_now = lim.usage(subject, now=now).rules[0].used
+    seen = lim.peek(subject, {"tokens": 1}, now=now)
+    assert seen.allowed
+    return 16_000 - used_now - 1 - seen.remaining
+
+
+def state(r: redis.Redis, lim: Limiter, subject: str) -> bytes:
+    """The log's meta element (where the headroom's state lives, after ':h')."""
+    return bytes(r.lrange(lim.keys(subject)[0], -2, -2)[0])
+
+
+class Upstream:
+    """The provider's exact sliding window of 4 s over governor's calls and another client's."""
+
+    def __init__(self) -> None:
+        self.spent: list[tuple[float, int]] = []
+
+    def spend(self, at: float, tokens: int) -> None:
+        self.spent.append((at, tokens))
+
+    def remaining(self, at: float) -> int:
+        return 16_000 - sum(n for t, n in self.spent if at - 4 < t <= at)
+
+
+def steady(
+    r: redis.Redis, lim: Limiter, up: Upstream, start: float, seconds: float, other: int
+) -> float:
+    """Governor calls of 1,000 tokens every 0.5 s, each answered (and synced as of its
+    admission) 0.2 s later; the other client spends ``other`` tokens every 0.25 s. Returns the
+    latest reading's moment."""
+    reading = start
+    for step in range(round(seconds / 0.25)):
+        t = start + step * 0.25
+        if other:
+            up.spend(t, other)
+        if step % 2 == 0:
+            d = lim.acquire("o", {"tokens": 1_000}, now=t)
+            assert d.allowed and d.slot is not None
+            up.spend(t, 1_000)
+            reading = d.slot.end
+            lim.sync_remaining(
+                "o", up.remaining(reading), meter="tokens", now=t + 0.2, as_of=reading
+            )
+    return reading
+
+
+def test_headroom_none_without_a_sync_that_finds_units(r: redis.Redis, prefix: str) -> None:
+    """A limit never synced, or whose syncs find nothing the log did not count, decides as
+    before: the same decisions as a limiter that never synced, and no state kept."""
+    synced = Limiter(r, OPENAI, name="hr-synced", prefix=prefix)
+    alone = Limiter(r, OPENAI, name="hr-alone", prefix=prefix)
+    for step in range(60):
+        now = T0 + step * 0.7
+        cost = {"requests": 1, "tokens": 2_000 + 337 * step % 1_500}
+        a, b = synced.acquire("o", cost, now=now), alone.acquire("o", cost, now=now)
+        assert a == b
+        if a.slot is not None:  # the upstream has seen all of it and no more
+            room = synced.usage("o", now=now).rules[1]
+            left = room.rule.limit - room.used
+            assert synced.sync_remaining("o", left, meter="tokens", now=now + 0.1) == 0
+        booked = synced.reserve("o", cost, now=now), alone.reserve("o", cost, now=now)
+        assert booked[0] == booked[1]
+        synced.refund("o", booked[0], now=now)
+        alone.refund("o", booked[1], now=now)
+    assert b":h" not in state(r, synced, "o")
+
+
+def test_headroom_grows_from_the_latest_reading_and_restarts_at_the_next(
+    r: redis.Redis, prefix: str
+) -> None:
+    """Another client spends 1,200 tokens a second (30 % of 16,000 per 4 s): readings find it,
+    and a decision keeps free what it has spent since the latest reading, at the rate found, a
+    window's worth at most; the next reading counts it in the log and restarts from 0."""
+    lim = Limiter(r, QUOTA, name="hr-steady", prefix=prefix)
+    up = Upstream()
+    last = steady(r, lim, up, T0, 12, other=300)
+    # what the readings found: close to the other client's 4,800 tokens per window
+    t, a = (int(x) for x in state(r, lim, "o").split(b":h")[1].split(b"/"))
+    assert t == round(last * 1e6) and 3_600 <= a <= 4_800
+    rate = a / 4
+    for since in (0.0, 0.1, 0.25, 0.5, 1.0):
+        assert headroom(lim, "o", last + since) == int(rate * since)
+    # a window's worth at most (beyond, the rate times the window)
+    assert headroom(lim, "o", last + 6) == a
+    # the next reading (as of 0.5 s later: the other client's 600 tokens since, at + 0.25 s
+    # and + 0.5 s) counts them in the log, and the headroom restarts from there
+    d = lim.acquire("o", {"tokens": 1_000}, now=last + 0.5)
+    assert d.allowed and d.slot is not None
+    up.spend(last + 0.5, 300)
+    up.spend(last + 0.5, 1_000)
+    got = lim.sync_remaining(
+        "o", up.remaining(last + 0.5), meter="tokens", now=last + 0.7, as_of=d.slot.end
+    )
+    assert 0 < got <= 600
+    assert headroom(lim, "o", last + 0.5) == 0
+    assert 0 < headroom(lim, "o", last + 0.7) < headroom(lim, "o", last + 1.2)
+
+
+def test_headroom_fades_when_the_other_client_stops(r: redis.Redis, prefix: str) -> None:
+    lim = Limiter(r, QUOTA, name="hr-fades", prefix=prefix)
+    up = Upstream()
+    last = steady(r, lim, up, T0, 8, other=300)
+    before = headroom(lim, "o", last + 0.5)
+    assert before > 400
+    # it stops: readings every 0.5 s find nothing, and what they found fades
+    last = steady(r, lim, up, last + 0.5, 4, other=0)
+    after = headroom(lim, "o", last + 0.5)
+    assert 0 < after < before / 2
+    # a reading a whole window after the previous one forgets it: no state, as never synced
+    d = lim.acquire("o", {"tokens": 1_000}, now=last + 4.5)
+    assert d.slot is not None
+    up.spend(last + 4.5, 1_000)
+    lim.sync_remaining(
+        "o", up.remaining(last + 4.5), meter="tokens", now=last + 4.6, as_of=d.slot.end
+    )
+    assert b":h" not in state(r, lim, "o")
+    assert headroom(lim, "o", last + 5.5) == 0
+
+
+def test_headroom_leaves_out_a_reading_older_than_the_latest(r: redis.Redis, prefix: str) -> None:
+    """Answers come out of order: a reading older than the latest finds again what the latest
+    found (its comparison leaves out the charge made at the later moment). The log is charged
+    as before; the headroom's state does not take it twice."""
+    lim = Limiter(r, QUOTA, name="hr-order", prefix=prefix)
+    a = lim.acquire("o", {"tokens": 2_000}, now=T0)
+    b = lim.acquire("o", {"tokens": 2_000}, now=T0 + 0.5)
+    assert a.slot is not None and b.slot is not None
+    # b's answer first: the upstream had a, b and the other client's 3,000 (1,000 before a)
+    assert lim.sync_remaining("o", 9_000, meter="tokens", now=T0 + 0.6, as_of=b.slot.end) == 3_000
+    assert state(r, lim, "o").endswith(b":h%d/3000" % b.slot.end_us)
+    # a's answer, late: the upstream had a and 1,000 of the other client's
+    assert lim.sync_remaining("o", 13_000, meter="tokens", now=T0 + 0.7, as_of=a.slot.end) == 1_000
+    assert state(r, lim, "o").endswith(b":h%d/3000" % b.slot.end_us)
+
+
+def test_headroom_makes_decisions_stricter_and_keeps_retries_admissible(
+    r: redis.Redis, prefix: str
+) -> None:
+    """A call denied for the headroom is told a moment whose room holds that moment's own
+    (larger) headroom, and is admitted then; a booking goes to such a moment too. The log
+    (what syncs compare, what usage shows) counts only what was charged."""
+    lim = Limiter(r, QUOTA, name="hr-retry", prefix=prefix)
+    up = Upstream()
+    last = steady(r, lim, up, T0, 8, other=300)
+    counted = lim.usage("o", now=last + 1).rules[0].used
+    kept = headroom(lim, "o", last + 1)
+    assert kept > 0
+    room = 16_000 - counted - kept
+    d = lim.acquire("o", {"tokens": room + 1}, now=last + 1)
+    assert not d.allowed and d.retry_after > 0
+    at = last + 1 + d.retry_after
+    assert headroom(lim, "o", at) > kept  # (it grew meanwhile)
+    assert not lim.peek("o", {"tokens": room + 1}, now=at - 0.001).allowed
+    booked = lim.reserve("o", {"tokens": room + 1}, now=last + 1)
+    assert booked.booked and booked.slot is not None and booked.slot.start >= at - 1e-6
+    lim.refund("o", booked, now=last + 1)
+    assert lim.usage("o", now=last + 1).rules[0].used == counted  # the log: what was charged
+    assert lim.acquire("o", {"tokens": room + 1}, now=at).allowed
+
+
 def test_plain_limiters_settle_and_sync(r: redis.Redis, prefix: str) -> None:
     lim = Limiter(r, "100/m", name="plain", prefix=prefix)
     d = lim.acquire("o", 10, now=T0)
@@ -356,6 +524,38 @@ def test_asyncio_meters_settle_and_sync(redis_server: object, prefix: str) -> No
         await lim.refund("x", d, now=T0 + 6)
         sync.refund("x", d, now=T0 + 6)
         assert (await lim.usage("x", now=T0 + 6)).rules == sync.usage("x", now=T0 + 6).rules
+        await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_asyncio_headroom(redis_server: object, prefix: str) -> None:
+    """The asyncio limiter runs the same script: the same charges, state and decisions."""
+    url = redis_server.url(0)  # type: ignore[attr-defined]
+    sync = Limiter(redis.Redis.from_url(url), QUOTA, name="hs", prefix=prefix)
+
+    async def run() -> None:
+        client = aioredis.Redis.from_url(url)
+        lim = aio.Limiter(client, QUOTA, name="ha", prefix=prefix)
+        for step in range(16):
+            now = T0 + step * 0.5
+            a = await lim.acquire("x", {"tokens": 1_500}, now=now)
+            assert a == sync.acquire("x", {"tokens": 1_500}, now=now)
+            if a.slot is None:
+                continue
+            left = 16_000 - 1_500 * min(step + 1, 8) - 600 * min(step + 1, 8)
+            got = await lim.sync_remaining(
+                "x", max(0, left), meter="tokens", now=now + 0.2, as_of=a.slot.end
+            )
+            assert got == sync.sync_remaining(
+                "x", max(0, left), meter="tokens", now=now + 0.2, as_of=a.slot.end
+            )
+        for since in (0.1, 0.3, 2.0):
+            cost = {"tokens": 3_000}
+            now = T0 + 7.5 + since
+            assert await lim.peek("x", cost, now=now) == sync.peek("x", cost, now=now)
+            assert await lim.acquire("x", cost, now=now) == sync.acquire("x", cost, now=now)
+        assert headroom(sync, "x", T0 + 9.6) > 0
         await client.aclose()
 
     asyncio.run(run())

@@ -82,6 +82,13 @@ class SlidingLog(Costed):
     32 if less (the newest one dropped is remembered as a floor, and units missing below the log
     count as a full window stamped at the floor). Past CAP entries, the past is merged two by
     two at the newer stamps.
+
+    Headroom: per meter, the latest reading's moment t and A, what syncs found the log had not
+    counted, faded by the time between readings (A <- floor(A (T - d) / T) + found, at most L;
+    T and L the window and limit of the meter's shortest rule). A moment x then keeps
+    H_i(x) = floor(A min(x - t, W_i) / T) free under rule i (at most its limit less the call's
+    units), and a moment found later must hold its own (16 steps, then the most, A W_i / T).
+    The arithmetic is the script's, in doubles.
     """
 
     books = True
@@ -95,6 +102,27 @@ class SlidingLog(Costed):
         self.floor: int | None = None
         self.maxtol = 0
         self.exists = False
+        self.hr = [[0, 0] for _ in range(self.meters)]  # per meter: [t_us, A] (A = 0: none)
+        self.short: list[tuple[int, int]] = []  # per meter: (T, L) of its shortest rule
+        for m in range(self.meters):
+            self.short.append(min((w, n) for (n, w), k in zip(rules, self.meter_of) if k == m))
+
+    def _spare(self, i: int, x: int, c: list[int]) -> int:
+        """What rule i keeps free at moment x for what another client spent unseen."""
+        limit, window = self.rules[i]
+        m = self.meter_of[i]
+        t, a = self.hr[m]
+        if a == 0 or x <= t:
+            return 0
+        d = float(min(x - t, window))
+        return max(0, min(limit - c[i], math.floor(float(a) * d / float(self.short[m][0]))))
+
+    def _most(self, i: int, c: list[int]) -> int:
+        """The most rule i keeps free at any moment."""
+        limit, window = self.rules[i]
+        m = self.meter_of[i]
+        a = float(self.hr[m][1])
+        return max(0, min(limit - c[i], math.floor(a * float(window) / float(self.short[m][0]))))
 
     def _head(self) -> int | None:
         if self.entries:
@@ -135,18 +163,28 @@ class SlidingLog(Costed):
             for i, (limit, window) in enumerate(self.rules):
                 if c[i] == 0:
                     continue
-                e = self._cut(i, x, tol, limit - c[i])
-                if e is not None and e + window > x:
-                    x, moved = e + window, True
+                # with headroom, the room at the moment found must hold that moment's own
+                y = x
+                steps = 17 if self.hr[self.meter_of[i]][1] > 0 else 1
+                for step in range(steps):
+                    h = self._spare(i, y, c) if step < 16 else self._most(i, c)
+                    e = self._cut(i, y, tol, limit - c[i] - h)
+                    if e is None or e + window <= y:
+                        break
+                    y = e + window
+                if y > x:
+                    x, moved = y, True
                     if round_ == 0:
                         first = i + 1
             if not moved:
                 return x, first
         return None, first
 
-    def _remaining(self, now: int, extra: list[int] | None) -> int:
+    def _remaining(self, now: int, c: list[int], after: bool = False) -> int:
+        """The smallest room over the rules (after the call's units c when `after`), less
+        what each keeps free."""
         return min(
-            max(0, limit - self._used(i, now, 0) - (extra[i] if extra else 0))
+            max(0, limit - self._used(i, now, 0) - (c[i] if after else 0) - self._spare(i, now, c))
             for i, (limit, _) in enumerate(self.rules)
         )
 
@@ -198,9 +236,12 @@ class SlidingLog(Costed):
         return None
 
     def _finish(self) -> None:
-        if self.exists and not self.entries and self.floor is None:
+        if self.exists and not self.entries and self.floor is None and not self._headroom():
             self.maxtol = 0
             self.exists = False
+
+    def _headroom(self) -> bool:
+        return any(a > 0 for _, a in self.hr)
 
     def _charge(self, now: int, per_rule: list[int], at: int | None = None) -> None:
         w = self.per_meter(per_rule)
@@ -284,6 +325,18 @@ class SlidingLog(Costed):
             return max(0, self.rules[i][0] - used)
 
         per_rule = self.sync_extra(room, meter, rule, upstream)
+        # the meter's headroom: what this reading found, added to what earlier ones found
+        # faded by the time between them; the latest reading's moment
+        at = now if past is None else past
+        (t0, a0), (w, most) = self.hr[meter], self.short[meter]
+        a, t, found = a0, at, max(per_rule)
+        if a0 > 0:
+            if at <= t0:
+                t, found = t0, 0  # an earlier reading, answered late: the latest saw it
+            else:
+                a = math.floor(float(a0) * float(w - (at - t0)) / float(w)) if at - t0 < w else 0
+        a = min(most, a + found)
+        self.hr[meter] = [t if a > 0 else 0, a]
         self._charge(now, per_rule, past)
         self._finish()
         return max(per_rule)
@@ -301,20 +354,20 @@ class SlidingLog(Costed):
         c = self.per_rule(cost)
         never = self.never(c)
         if never:
-            return (False, -1, never, self._remaining(now, None), self._reset(now), 0, 0)
+            return (False, -1, never, self._remaining(now, c), self._reset(now), 0, 0)
         if op == "claim":
             start, end = slot
             if now < start:
-                return (False, start - now, 0, self._remaining(now, None), self._reset(now), *slot)
+                return (False, start - now, 0, self._remaining(now, c), self._reset(now), *slot)
             if now <= end:
-                return (True, 0, 0, self._remaining(now, None), self._reset(now), *slot)
+                return (True, 0, 0, self._remaining(now, c), self._reset(now), *slot)
             op = "reserve"  # late: the missed slot stays spent
         span = tol if op == "lease" else 0  # a lease: a booking whose slot is now
         at, rule = self._place(now, c, span)
         w = self.per_meter(c)
         if at is not None and at <= now and (op != "reserve" or not_before <= now):
             stamp = -(-(now + span) // 1000)
-            remaining = self._remaining(now, c)
+            remaining = self._remaining(now, c, True)
             if op == "peek":
                 return (True, 0, 0, remaining, self._reset(now), 0, 0)
             self._insert(stamp, w)
@@ -323,7 +376,7 @@ class SlidingLog(Costed):
             return (True, 0, 0, remaining, self._reset(now), now, stamp * 1000)
         if op != "reserve":
             wait = at - now if at is not None else self._reset(now)
-            return (False, wait, rule, self._remaining(now, None), self._reset(now), 0, 0)
+            return (False, wait, rule, self._remaining(now, c), self._reset(now), 0, 0)
         gap = math.ceil(min(wi / n * x for (n, wi), x in zip(self.rules, c) if x > 0))
 
         def spaced(t0: int) -> int | None:
@@ -347,7 +400,7 @@ class SlidingLog(Costed):
             slot_at = spaced(behind)
             slot_at = behind if slot_at is None else slot_at
         if max_wait >= 0 and slot_at - now > max_wait:
-            return (False, slot_at - now, rule, self._remaining(now, None), self._reset(now), 0, 0)
+            return (False, slot_at - now, rule, self._remaining(now, c), self._reset(now), 0, 0)
         stamp = -(-(slot_at + tol) // 1000)
         self._insert(stamp, w)
         self.maxtol = max(self.maxtol, tol)
@@ -356,7 +409,7 @@ class SlidingLog(Costed):
             False,
             slot_at - now,
             rule,
-            self._remaining(now, None),
+            self._remaining(now, c),
             self._reset(now),
             slot_at,
             stamp * 1000,

@@ -8,7 +8,9 @@ values are ignored). When governor counted more room than that for the meter of 
 (another client spends the same key), :meth:`~governor.Limiter.sync_remaining` charges the
 difference, so every worker sees it at its next decision. The room compared is governor's as
 of the call's admission (``as_of``): the upstream read its counter when the call arrived, and
-calls admitted since would otherwise hide that much of the other client's spending.
+calls admitted since would otherwise hide that much of the other client's spending. From what
+the readings find, the sliding log keeps headroom for what the other client spends after the
+latest reading (docs/token-quotas.md).
 
 Which limit: the one named (``"key"``, ``"task"``, ``"queue"``, ``"all"`` or a label, as for
 Backoff), else the most specific limit of the call with a meter the upstream reports (its key's,
