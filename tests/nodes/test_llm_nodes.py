@@ -9,12 +9,14 @@ its prompt and ``max_tokens``, settles what it used and observes the server's he
   settling fills about 64 % here, bench/llm.py).
 - Another client spends 30 % of one organisation's tokens outside governor (calls like the
   tasks', sent again after a 429): the server's x-ratelimit-remaining-* headers keep 429s
-  rare. observe compares the server's count with governor's as of the call's admission
-  (``sync_remaining(as_of=...)``, over the server's window) and charges the difference there,
-  and the limit's ``transit`` (0.1 s) covers the time a call takes to reach the server. The
-  issue asks at most one call in 20; measured 2.0 to 5.2 % (8 runs), so the test holds it to
-  one in 12: what the other client spends after the server's last answer governor cannot see,
-  and governor fills the window to the last token (docs/token-quotas.md).
+  rare, at most one call in 20 (issue 19). observe compares the server's count with
+  governor's as of the call's admission (``sync_remaining(as_of=...)``, over the server's
+  window) and charges the difference there; the limit's ``transit`` (0.1 s) covers the time a
+  call takes to reach the server; and the headroom the sliding log keeps from what the
+  readings found covers what the other client spends after the latest reading, which no answer
+  shows yet. Measured 1.0 to 2.4 % in eleven runs (before the headroom: 2.0 to 5.2 %, held
+  to one in 12); the rest come at window ends, where the other client, refused while the
+  window was full, catches up in a burst (docs/token-quotas.md).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def test_header_sync_keeps_429s_rare_when_another_client_shares_the_quota(
     result = _run(redis_server, setup)
     assert result.done == setup.orgs * setup.calls, result.log
     assert result.outside > 0
-    assert result.refused * 12 <= len(result.calls), result.refusals
+    assert result.refused * 20 <= len(result.calls), result.refusals
 
 
 def test_the_openai_client_against_the_server() -> None:
