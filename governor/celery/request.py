@@ -56,9 +56,7 @@ class GovernedRequestMixin:
             if governor is not None:
                 calls = governor.gate.calls
                 route = calls.route(task, self.delivery_info)
-                governed = bool(route.specs or route.shadows) or (
-                    calls.options(task).key_config is not None
-                )
+                governed = calls.governs(task, route)
                 self._governor_found = governor
                 self._governor_route = route
             self._governor_governed = governed

@@ -175,11 +175,10 @@ class Calls:
             out.append(key_spec(task, config, args, kwargs))
         return self.live.apply(out) if self.live is not None else out
 
-    def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
-        """Whether a message may be governed (checked in the worker's main process)."""
-        return bool(self._configured(task, delivery_info, _route_of(task, delivery_info))) or (
-            self.options(task).key_config is not None
-        )
+    def governs(self, task: Any, route: Route) -> bool:
+        """Whether a message of ``task`` from ``route`` may be governed (checked in the worker's
+        main process)."""
+        return bool(route.specs or route.shadows) or self.options(task).key_config is not None
 
     def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Cost:
         return self._cost(task, args, kwargs)[0]

@@ -121,10 +121,6 @@ class Gate:
     def cost(self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         return self.calls.cost(task, args, kwargs)
 
-    def governs(self, task: Any, delivery_info: Mapping[str, Any] | None) -> bool:
-        """Whether a message may be governed (checked in the worker's main process)."""
-        return self.calls.governs(task, delivery_info)
-
     def dropped(self, task: Any, request: Any) -> None:
         """In the worker's main process: Celery dropped ``request`` (a worker request) before
         the gate, revoked or expired: it leaves every cap's line it is in, so a slot handed to it

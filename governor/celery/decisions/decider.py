@@ -140,9 +140,8 @@ class Decider:
         if not slots.allowed:
             self.leases.untake(rates, cost)
             return slots
-        by_key = {(id(lim), spec.subject): (lim, spec, d) for lim, spec, d in leased.held}
-        by_key.update({(id(lim), spec.subject): (lim, spec, d) for lim, spec, d in slots.held})
-        held: Held = [by_key[(id(lim), spec.subject)] for lim, spec in limiters]
+        rate_held, slot_held = iter(leased.held), iter(slots.held)  # each in limiters' order
+        held: Held = [next(rate_held if lim.cap is None else slot_held) for lim, _ in limiters]
         return Outcome(True, now=slots.held[-1][2].now, held=held)
 
     def reserve_all(
