@@ -109,20 +109,18 @@ class SlidingLog(Costed):
 
     def _spare(self, i: int, x: int, c: list[int]) -> int:
         """What rule i keeps free at moment x for what another client spent unseen."""
-        limit, window = self.rules[i]
-        m = self.meter_of[i]
-        t, a = self.hr[m]
-        if a == 0 or x <= t:
-            return 0
-        d = float(min(x - t, window))
-        return max(0, min(limit - c[i], math.floor(float(a) * d / float(self.short[m][0]))))
+        t, a = self.hr[self.meter_of[i]]
+        return 0 if a == 0 or x <= t else self._keep(i, c, min(x - t, self.rules[i][1]))
 
     def _most(self, i: int, c: list[int]) -> int:
         """The most rule i keeps free at any moment."""
-        limit, window = self.rules[i]
+        return self._keep(i, c, self.rules[i][1])
+
+    def _keep(self, i: int, c: list[int], d: int) -> int:
+        """What rule i keeps free ``d`` us after the latest reading (d at most its window)."""
         m = self.meter_of[i]
-        a = float(self.hr[m][1])
-        return max(0, min(limit - c[i], math.floor(a * float(window) / float(self.short[m][0]))))
+        a, window = float(self.hr[m][1]), float(self.short[m][0])
+        return max(0, min(self.rules[i][0] - c[i], math.floor(a * float(d) / window)))
 
     def _head(self) -> int | None:
         if self.entries:
