@@ -20,6 +20,7 @@ from governor.celery.config.factors import adaptive_key
 from governor.celery.config.live import LiveLimits
 from governor.celery.decisions.leases import AdmissionLeases
 from governor.celery.types import LimitConfig, LimitSpec
+from governor.errors import ConfigError
 from governor.rules import parse_rules
 from support.celery_helpers import new_app, wait_for
 from support.servers import ServerHandle
@@ -113,36 +114,96 @@ def test_an_unusual_call_takes_the_long_way(
     assert admit(gate, task, request(q, headers=carried)) is None  # waited before
     assert admit(gate, task, request(q, redelivered=True)) is None  # delivered again
     assert long_way.count == 2
-    # a route whose limits are fair, capped or shadowed has no short way
-    for extra in ({"fair_by": "customer"}, {"concurrency": 5}, {"shadow": True}):
+    # a route whose limits are capped or shadowed has no short way
+    for extra in ({"concurrency": 5}, {"shadow": True}):
         other = queue_name()
         config = {"rules": "1000/s", "algorithm": "gcra", **extra}
         app = new_app(governor.settings.redis_url or "", other, governor_queues={other: config})
         g = Governor(app)
         route = g.gate.calls.route(task, {"routing_key": other})
-        assert g.gate._lane(route) is None, extra
+        assert lane_of(g.gate, task, route) is None, extra
 
 
-def test_a_per_key_task_takes_the_long_way(
+def lane_of(gate: Gate, task: Any, route: Any) -> Any:
+    return gate._lane(route, task, gate.calls.options(task))
+
+
+def test_a_fair_call_leases_until_its_queue_is_seen_in_use(
+    redis_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = queue_name()
+    config = {"rules": "1000/h", "algorithm": "gcra", "fair_by": "customer"}
+    app = new_app(redis_server.url(), q, governor_queues={q: config})
+    governor = Governor(app)
+
+    @app.task(shared=False)
+    def job(customer: str) -> None: ...
+
+    app.finalize()
+    task, gate = app.tasks[job.name], governor.gate
+    lane = lane_of(gate, task, gate.calls.route(task, {"routing_key": q}))
+    assert lane is not None and lane.fair == (("queue", q),)
+    long_way = LongWay(gate, monkeypatch)
+    for n in range(12):
+        assert admit(gate, task, request(q), customer=f"c{n % 3}") is None
+    # the first call asks Redis (and learns the room), the others lease: the tenant does not
+    # matter to a lease (the rules are the limit's, shared by its tenants)
+    assert long_way.count == 1 and gate.admitted == 12
+    lim = gate.store.limiter("queue", governor.settings.queues[q])
+    assert lim.usage(q).rules[0].used >= 12
+    # once this process saw the queue in use, a new call waits in it behind those queued
+    gate.fair._in_use(gate.calls.route(task, {"routing_key": q}).specs[0])
+    deferred = admit(gate, task, request(q), customer="c0")
+    assert deferred is not None and "fair queue" in str(deferred) and long_way.count == 2
+    gate.leases.release()
+
+
+def test_a_per_key_task_leases_per_subject_the_short_way(
     redis_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q = queue_name()
     app = new_app(redis_server.url(), q)
     governor = Governor(app)
 
-    @governor.task("1000/s", key=lambda customer, **_: customer, algorithm="gcra", shared=False)
+    @governor.task("1000/h", key=lambda customer, **_: customer, algorithm="gcra", shared=False)
     def job(customer: str) -> None: ...
 
     app.finalize()
     task = app.tasks[job.name]
     gate = governor.gate
     long_way = LongWay(gate, monkeypatch)
-    for n in range(6):
+    for n in range(12):
         assert admit(gate, task, request(q), customer=f"c{n % 2}") is None
-    assert long_way.count == 6 and gate.admitted == 6
+    # one call per subject asks Redis (learning its room), then each subject leases
+    assert long_way.count == 2 and gate.admitted == 12
     lim = gate.store.limiter(task.name, gate.calls.options(task).key_config)  # type: ignore[arg-type]
-    assert lim.usage("c0").rules[0].used >= 3 and lim.usage("c1").rules[0].used >= 3
+    assert lim.usage("c0").rules[0].used >= 6 and lim.usage("c1").rules[0].used >= 6
+    # a key function that fails takes the long way, which names the task
+    with pytest.raises(ConfigError, match=task.name):
+        admit(gate, task, request(q), customer="")
+    assert long_way.count == 3
     gate.leases.release()
+
+
+def test_a_per_key_task_with_a_cap_or_a_fair_key_takes_the_long_way(
+    redis_server: ServerHandle,
+) -> None:
+    q = queue_name()
+    app = new_app(redis_server.url(), q)
+    governor = Governor(app)
+    key = lambda customer, **_: customer  # noqa: E731
+
+    @governor.task("1000/s", key=key, algorithm="gcra", concurrency=3, shared=False)
+    def capped(customer: str) -> None: ...
+
+    @governor.task("1000/s", key=key, algorithm="gcra", governor_fair_by="customer", shared=False)
+    def fair(customer: str) -> None: ...
+
+    app.finalize()
+    for job in (capped, fair):
+        task = app.tasks[job.name]
+        route = governor.gate.calls.route(task, {"routing_key": q})
+        assert lane_of(governor.gate, task, route) is None, job.name
 
 
 def test_a_live_change_reaches_the_kept_route(quota: tuple[Any, Governor, str]) -> None:
@@ -151,15 +212,15 @@ def test_a_live_change_reaches_the_kept_route(quota: tuple[Any, Governor, str]) 
     info = {"routing_key": q}
     first = gate.calls.route(task, info)
     assert gate.calls.route(task, info) is first  # kept while the live limits stay
-    lane = gate._lane(first)
-    assert lane is not None and lane[0][0].rules == parse_rules("1000/h")
+    lane = lane_of(gate, task, first)
+    assert lane is not None and lane.limiters[0][0].rules == parse_rules("1000/h")
     LiveLimits(gate.client, governor.settings.prefix).set(f"queue:{q}", {"rules": "5/s"}, "test")
     gate.live.changed()  # (a worker looks again within REFRESH seconds)
     changed = gate.calls.route(task, info)
     assert changed is not first and changed.specs[0].config.rules == parse_rules("5/s")
     assert gate.calls.fixed_specs(task, info)[0].config.rules == parse_rules("5/s")
-    lane = gate._lane(changed)
-    assert lane is not None and lane[0][0].rules == parse_rules("5/s")
+    lane = lane_of(gate, task, changed)
+    assert lane is not None and lane.limiters[0][0].rules == parse_rules("5/s")
 
 
 def test_an_adaptive_limit_under_a_factor_is_worked_out_every_call(

@@ -42,11 +42,12 @@ import redis
 
 from ...caps import new_token
 from ...errors import CostError, GovernorError, GovernorTimeout, StorageUnavailable
-from ...limiter import Limiter
+from ...keys import subject_text
 from .. import signals
 from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
+from ..config.task_limits import call_with_arguments
 from ..decisions.decider import Decider, too_long, waited_so_far
 from ..decisions.leases import AdmissionLeases
 from ..fair.sharing import FairSharing, fair_spec
@@ -74,6 +75,7 @@ from ..waiting.republish import Republisher
 from .calls import Calls, Route
 from .early import EarlyDeferral
 from .holding import Holding, holder_info
+from .lanes import LeaseLane, leasable
 from .shadow import Shadow
 
 __all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
@@ -179,51 +181,74 @@ class Gate:
     ) -> bool:
         """Admit the usual call from a lease, the short way: what the steps below come to for
         a message delivered for the first time without governor's header (nothing to claim or
-        drop), of a task with a fixed cost whose limits are all its route's and lease (no key,
-        fair, shadow or capped limit): from the leases this process holds, or new ones for
-        the limits whose lease ran out. False: take the long way."""
+        drop), of a task with a fixed cost whose limits all lease (see :mod:`.lanes`; a fair
+        limit only while this process has not seen its queue in use): from the leases this
+        process holds, or new ones for the limits whose lease ran out. False: take the long
+        way."""
         headers = getattr(request, "headers", None)
         info = getattr(request, "delivery_info", None)
         if (headers and HEADER in headers) or (info and info.get("redelivered")):
             return False
         opts = self.calls.options(task)
-        if opts.key_config is not None or type(opts.cost) is not int:  # callable, or per meter
+        if type(opts.cost) is not int:  # callable, or per meter
             return False
-        route = self.calls.route(task, info)
-        lane = self._lane(route)
-        if lane is None:
+        lane = self._lane(self.calls.route(task, info), task, opts)
+        if lane is None or (lane.fair and self.fair.in_use(lane.fair)):
             return False
+        limiters = lane.limiters
+        if lane.key is not None:
+            try:
+                subject = subject_text(call_with_arguments(task, opts.key, args, kwargs))
+            except Exception:  # the long way raises it, naming the task
+                return False
+            limiters = lane.with_key(subject)
         leases = self.decider.leases
         told = signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG)
-        if not told and leases.use(lane, opts.cost):  # the usual admission: nothing to tell
+        if not told and leases.use(limiters, opts.cost):  # the usual admission: nothing to tell
             self.admitted += 1
             return True
-        outcome = leases.take(lane, opts.cost) or leases.grant(lane, opts.cost)
+        outcome = leases.take(limiters, opts.cost) or leases.grant(limiters, opts.cost)
         if outcome is None:  # no room known, or too little: the decider asks Redis
             return False
         self.admitted += 1
         if told:
-            call = Call(task, request, args, kwargs, list(route.specs), opts.cost, WaitState())
+            specs = [spec for _, spec in limiters]
+            call = Call(task, request, args, kwargs, specs, opts.cost, WaitState())
             self._admitted(call, outcome)
         return True
 
-    def _lane(self, route: Route) -> list[tuple[Limiter, LimitSpec]] | None:
-        """The limiters of a route's limits when calls may be admitted from leases under them
-        (the decider's conditions: neither fair nor capped, all book), else None; worked out
-        once per route and Redis client (a forked process makes its own)."""
+    def _lane(self, route: Route, task: Any, opts: TaskOptions) -> LeaseLane | None:
+        """How a route's calls are admitted from leases (see :mod:`.lanes`), or None (the long
+        way); worked out once per route and Redis client (a forked process makes its own)."""
         client = self.store.client
         lane = route.lane
         if lane is None or lane[0] is not client:
-            limiters = self.decider.limiters(list(route.specs))
-            leases = (
-                bool(limiters)
-                and not route.shadows
-                and not route.fair
-                and all(lim.books and lim.cap is None and not lim.meters for lim, _ in limiters)
-            )
-            lane = route.lane = (client, limiters if leases else None)
-        found: list[tuple[Limiter, LimitSpec]] | None = lane[1]
+            lane = route.lane = (client, self._new_lane(client, route, task, opts))
+        found: LeaseLane | None = lane[1]
         return found
+
+    def _new_lane(
+        self, client: Any, route: Route, task: Any, opts: TaskOptions
+    ) -> LeaseLane | None:
+        if route.shadows:
+            return None
+        limiters = self.decider.limiters(list(route.specs))
+        key = None
+        if opts.key_config is not None:
+            name = getattr(task, "governor_name", None) or task.name
+            spec = LimitSpec("key", name, opts.key_config, "")
+            _, factors = self.live.current()
+            if spec.config.adaptive and spec.label in factors:  # its rate moves call by call
+                return None
+            [spec] = self.live.apply([spec])
+            if spec.config.shadow or spec.config.fair_by is not None:
+                return None
+            key = (self.store.limiter(spec.name, spec.config), spec)
+        pairs = limiters if key is None else [*limiters, key]
+        if not pairs or not all(leasable(lim) for lim, _ in pairs):
+            return None
+        fair = tuple((s.name, s.subject) for s in route.specs if s.config.fair_by is not None)
+        return LeaseLane(client, limiters, key, fair)
 
     def back_off(
         self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Backoff

@@ -85,6 +85,8 @@ class Decider:
             # meter is an estimate that settling corrects: a booking far ahead would keep its
             # place at the estimate; such a call asks again when the meters will have room
             # (it claims only the booking a Backoff made for it behind the pause)
+            if fair and lease and type(cost) is int and not state.slots:
+                return self._fair_leased(limiters, cost, who, handed)
             return acquire_all(limiters, cost, who, handed)
         if state.slots:
             settings = self.settings
@@ -119,6 +121,24 @@ class Decider:
         outcome = reserve_all(limiters, cost, self.settings.late_tolerance, None, who, handed)
         if lease:
             self.leases.observe(outcome.held)
+        return outcome
+
+    def _fair_leased(
+        self,
+        limiters: list[tuple[Limiter, LimitSpec]],
+        cost: int,
+        who: Who | None,
+        handed: Handed,
+    ) -> Outcome:
+        """A call under a fair limit whose queue this process has not seen in use (the gate
+        queues the others first): from leases while the limits have plenty of room (a lease
+        is counted now and starts within its span: no booking ahead), else asked now."""
+        if all(lim.books and lim.cap is None for lim, _ in limiters):
+            outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
+            if outcome is not None:
+                return outcome
+        outcome = acquire_all(limiters, cost, who, handed)
+        self.leases.observe(outcome.held)
         return outcome
 
     def _leased_with_caps(

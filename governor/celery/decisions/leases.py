@@ -23,7 +23,10 @@ every ``SWEEP_EVERY``, 0.25 s); also at worker shutdown.
 The sliding log takes back exactly those units; gcra only a whole lease that is still its
 newest, otherwise they stay counted until its schedule catches up.
 
-Only limits whose algorithm books (sliding_log, gcra), and only for tasks that hold no bookings.
+Only limits whose algorithm books (sliding_log, gcra), and only for tasks that hold no bookings;
+a per-key limit leases per subject, a fair limit only while the process has not seen its fair
+queue in use (the gate sends its calls there first; a lease is counted now and starts within its
+span, so it books nothing ahead).
 A call that also has concurrency caps (caps alone, no rates of their own) takes its rates from
 leases and asks Redis only for the caps' slots (a slot cannot be leased); when a cap is full,
 the units go back to the leases (:meth:`AdmissionLeases.untake`).

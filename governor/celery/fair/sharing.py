@@ -78,6 +78,13 @@ class FairSharing:
             return None
         return self.wait(call, Outcome(False), spec)
 
+    def in_use(self, queues: tuple[tuple[str, str], ...]) -> bool:
+        """Whether this process saw any of these fair queues ((name, subject)) in use lately:
+        a new call of one waits in it (:meth:`behind`), so it is not admitted from a lease."""
+        now = time.monotonic()
+        busy = self.busy
+        return any(busy.get(queue, 0.0) > now for queue in queues)
+
     def sent_early(self, call: Call, retry_after: float) -> bool:
         """A call sent on from the fair queue arrived just before its limit had room (the
         dispatcher sends it ahead by the trip of its message): wait the rest here, once.
