@@ -42,6 +42,8 @@ LEGACY_LOG = "sl"
 sliding log reads once into its entry log (see sliding_log.lua)."""
 CAP_ONLY = "cap"
 """The state key suffix of a limiter with a cap and no rules (it keeps no rule state)."""
+KEPT_SUBJECTS = 1024
+"""Subjects whose cap keys a limiter keeps (per-key caps may see endless subjects)."""
 
 
 def _cost(cost: object) -> int:
@@ -159,6 +161,7 @@ class LimiterBase:
         self._rates = algorithm_script(self.algorithm.script)
         """The rules' script alone (usage of a capped limiter)."""
         self._cap_ops = cap_ops_script()
+        self._cap_keys: dict[str, tuple[str, ...]] = {}
         self._block = block_script()
         self._pause_script = pause_script()
 
@@ -226,9 +229,17 @@ class LimiterBase:
 
     def cap_keys(self, subject: Subject) -> list[str]:
         """The subject's keys for its concurrency cap: state and block first, then the cap's
-        holders, entries, waiters and finished copies (one hash tag)."""
-        head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
-        return [head + self._suffix, head + BLOCK, *(head + kind for kind in CAP_SUFFIXES)]
+        holders, entries, waiters and finished copies (one hash tag). Kept for the subjects
+        last seen (a capped task names them twice: its decision and its release)."""
+        kept = self._cap_keys.get(subject) if type(subject) is str else None
+        if kept is None:
+            head = f"{self.prefix}:{tag(self.name, subject_text(subject))}:"
+            kept = (head + self._suffix, head + BLOCK, *(head + kind for kind in CAP_SUFFIXES))
+            if type(subject) is str:
+                if len(self._cap_keys) >= KEPT_SUBJECTS:
+                    self._cap_keys.clear()
+                self._cap_keys[subject] = kept
+        return list(kept)
 
     def wake_key(self, subject: Subject, holder: str) -> str:
         """The list a process waiting for a slot blocks on (cap.lua pushes to it)."""
@@ -254,6 +265,7 @@ class LimiterBase:
         slot: Slot | None = None,
         hold: Hold | None = None,
         info: str = "",
+        give_back: Hold | None = None,
     ) -> ScriptCall:
         if op == "lease" and self.cap is not None:
             raise ConfigError("a limiter with a concurrency cap cannot lease")
@@ -293,7 +305,8 @@ class LimiterBase:
             return list(self.keys(subject)), args
         if hold is None:
             raise ConfigError(f"limiter {self.name!r} has a concurrency cap: say who holds")
-        args += self.cap.args(hold.holder, hold.token, info_text(info), "")
+        given = "" if give_back is None else f"{give_back.holder} {give_back.token}"
+        args += self.cap.args(hold.holder, hold.token, info_text(info), given)
         return self.cap_keys(subject), args
 
     def _cap_call(

@@ -115,15 +115,18 @@ class Limiter(LimiterBase):
         holder: str | None = None,
         token: str | None = None,
         info: str = "",
+        give_back: Hold | None = None,
     ) -> Decision:
         """Admit ``cost`` units for ``subject`` if every rule allows it, counting them.
 
         With a concurrency cap, an admission also takes a slot for ``holder`` (a new id if
         None; ``info`` says who it is, for operators): ``decision.hold``, to give back with
-        :meth:`release`. A full cap denies with ``decision.capped``.
+        :meth:`release`. A full cap denies with ``decision.capped``. ``give_back``: a slot
+        this caller held (its :class:`Hold`) given back first in the same call, as
+        :meth:`release` would (the oldest waiter gets it before this holder is asked).
         """
         hold = self._hold(holder, token)
-        call = self._call("acquire", subject, cost, now, hold=hold, info=info)
+        call = self._call("acquire", subject, cost, now, hold=hold, info=info, give_back=give_back)
         return self._decision(self._eval(self._script, call), cost, hold)
 
     def peek(

@@ -48,9 +48,10 @@ class Limiter(LimiterBase):
         holder: str | None = None,
         token: str | None = None,
         info: str = "",
+        give_back: Hold | None = None,
     ) -> Decision:
         hold = self._hold(holder, token)
-        call = self._call("acquire", subject, cost, now, hold=hold, info=info)
+        call = self._call("acquire", subject, cost, now, hold=hold, info=info, give_back=give_back)
         return self._decision(await self._eval(self._script, call), cost, hold)
 
     async def peek(

@@ -29,7 +29,8 @@
 --          sweep must look at when their lease ends
 -- KEYS[8]  ZSET lapsed: id -> when its hand-over lapsed (ms)
 -- ARGV     the decision's (common.lua), then six more: limit ('' = from cfg), lease_us,
---          holder id, token, info (free text for operators), message ('' = none)
+--          holder id, token, info (free text for operators), message ('' = none; for an
+--          acquire of cap_decide.lua: "<holder id> <token>" of a slot to give back first)
 -- Returns  nothing itself (the helpers of cap_decide.lua and cap_ops.lua: see their replies)
 -- @include common
 local cap_at = #ARGV - 5
@@ -139,6 +140,25 @@ local function sweep(out)
   end
   redis.call('ZREMRANGEBYSCORE', DK, '-inf', fmt(now_ms))
   if redis.call('ZCARD', WK) > 0 then hand_over(out) end
+end
+
+-- Give back `id`'s slot if `tok` is its token ('' = any, if `inf` is its info): it must be
+-- running (not a pending or lapsed hand-over). A copy of it that asked or waits must not run
+-- now that it ran: it is marked done (a waiting process is woken to hear it). True if given.
+local function give_back(id, tok, inf)
+  local e = entry(id)
+  if not e or e.flags == 'p' or e.flags == 'l' or (tok ~= '' and e.token ~= tok)
+    or (tok == '' and e.info ~= inf) then
+    return false
+  end
+  local copy = e.flags == 'u' and redis.call('HGET', XK, 'p' .. id)
+  drop(id)
+  if e.flags ~= '-' then
+    redis.call('ZADD', DK, fmt(now_ms + done_ms), id)
+    redis.call('PEXPIRE', DK, ttl_ms(done_ms * 1000))
+    if copy == '' then wake(id) end
+  end
+  return true
 end
 
 -- The wait until a slot could free (us): the earliest lease's end.

@@ -9,7 +9,10 @@
 -- denies now lapses at once (the slot goes on; the holder keeps its place for when it comes
 -- back), except a waiting process's, which it keeps until its lease ends. peek changes nothing.
 -- refund gives back the rules' part (rate() with op refund) and the holder's slot, if its
--- token matches: {'1', 0, 0, handed pairs...}.
+-- token matches: {'1', 0, 0, handed pairs...}. An acquire whose message names a slot
+-- ("<holder id> <token>": the previous task of the same process) gives that slot back first,
+-- exactly as cap_ops.lua's release would (the oldest waiter gets it before this holder is
+-- asked): one script for a release and the next admission.
 -- Returns {decision (common.lua's string; a cap denial has rule -2 and reason full, copy or
 --          done), fence (0 unless a slot was taken), free slots after it, then (id, message)
 --          pairs of waiters this call handed a slot to: the caller publishes them}
@@ -24,6 +27,10 @@ if op == 'refund' then  -- give back the rules' admission or booking, and the sl
   sweep(out)
   finish()
   return {'1', 0, 0, unpack(out)}
+end
+if op == 'acquire' and message ~= '' then
+  local id, tok = string.match(message, '^(%S+) (%S+)$')
+  if id then give_back(id, tok, '') end
 end
 if op ~= 'peek' then sweep(out) end
 local why, wait, e = verdict(op == 'peek')

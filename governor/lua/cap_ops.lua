@@ -56,23 +56,10 @@ if op == 'renew' then
 end
 
 if op == 'release' then
-  local e = entry(holder)
-  if not e or e.flags == 'p' or e.flags == 'l' or (token ~= '' and e.token ~= token)
-    or (token == '' and e.info ~= info) then
-    sweep(out)
-    finish()
-    return reply(0, 0)
-  end
-  local copy = e.flags == 'u' and redis.call('HGET', XK, 'p' .. holder)
-  drop(holder)
-  if e.flags ~= '-' then  -- a copy of it asked or waits: it must not run now that this one ran
-    redis.call('ZADD', DK, fmt(now_ms + done_ms), holder)
-    redis.call('PEXPIRE', DK, ttl_ms(done_ms * 1000))
-    if copy == '' then wake(holder) end  -- a waiting process hears it at once
-  end
+  local given = give_back(holder, token, info)
   sweep(out)
   finish()
-  return reply(1, 0)
+  return reply(given and 1 or 0, 0)
 end
 
 if op == 'wait' then

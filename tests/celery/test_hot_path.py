@@ -264,7 +264,10 @@ def test_task_postrun_is_received_once_a_slot_is_held(redis_server: ServerHandle
     lim = gate.store.limiter("queue", governor.settings.queues[q])
     assert len(lim.holders(q).holders) == 1
     celery_signals.task_postrun.send(sender=task, task_id=req.id, task=task)
-    assert len(lim.holders(q).holders) == 0
+    # (a roomy cap's slot lingers a moment for this process's next task: tests/celery/
+    # test_carried.py; with none, the carrier gives it back)
+    held = wait_for(lambda: lim.holders(q).holders, lambda h: not h, timeout=10, every=0.01)
+    assert held == ()
 
 
 def test_early_hints_are_taken_again_for_another_config(

@@ -2,7 +2,9 @@
 real redis-server with an explicit clock, the way the Celery layer does (governor/celery/
 waiting.py and handover.py), against a small model of the world around them: a broker holding
 messages, workers running bodies (renewed every third of the lease, as the renewer does),
-workers that die, copies, revoked tasks, lost messages, blocks.
+workers that die, copies, revoked tasks, lost messages, blocks, and a slot carried from a
+task that ended to the next one of its process (given back in that task's own decision, by the
+carrier when none follows, or left to lapse when the process dies meanwhile).
 
 Invariants: never more holders than the cap; no holder id runs twice (a run cut short by a
 dead worker may run again; a finished one never); at most one message of a holder is out at a
@@ -41,13 +43,14 @@ ACTIONS = (
     + ["arrive"] * 2
     + ["sweep"] * 2
     + ["kill", "copy_arrives", "block", "revoke", "lose"]
+    + ["linger_ends", "kill_lingering"]
 )
 
 
 @dataclass
 class Run:
     hold: Hold
-    state: str = "live"  # live | done | killed
+    state: str = "live"  # live | ended (its slot lingers) | done | killed
     redelivered: bool = False  # the broker gave its message again (at most once per delivery)
 
 
@@ -61,6 +64,7 @@ class World:
     revoked: set[str] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)  # holders a message of which the broker lost
     kept: dict[str, str] = field(default_factory=dict)  # the message a holder left in Redis
+    lingering: tuple[str, Run] | None = None  # a slot carried to the process's next task
     messages: int = 0
 
     def message(self, holder: str) -> str:
@@ -112,17 +116,29 @@ class CapMachine(RuleBasedStateMachine):
             self.world.broker.append((holder, message))
 
     def gate(self, holder: str, message: str) -> None:
-        """A message of ``holder`` reaches the gate (Gate._decide, Waiting.wait)."""
+        """A message of ``holder`` reaches the gate (Gate._decide, Waiting.wait); the process
+        it reaches gives back the slot its previous task left lingering, in the same call
+        (governor/celery/decisions/carried.py)."""
         for _attempt in range(3):
+            given = self.world.lingering
+            self.world.lingering = None
             d = self.cap.acquire(
-                S, holder=holder, token=uuid.uuid4().hex[:8], info="node 1", now=self.now
+                S,
+                holder=holder,
+                token=uuid.uuid4().hex[:8],
+                info="node 1",
+                now=self.now,
+                give_back=None if given is None else given[1].hold,
             )
+            if given is not None:  # given back as a release: a copy behind it is dropped
+                given[1].state = "done"
+                self.world.kept.pop(given[0], None)
             self.publish(d.handed)
             if d.allowed:
                 assert d.hold is not None
                 runs = self.world.runs.setdefault(holder, [])
                 assert not any(r.state == "live" for r in runs), f"{holder} runs twice at once"
-                assert not any(r.state == "done" for r in runs), f"{holder} ran again"
+                assert not any(r.state in ("done", "ended") for r in runs), f"{holder} ran again"
                 runs.append(Run(d.hold))
                 return
             if d.blocked is not None:  # re-published to come back after the block
@@ -168,16 +184,38 @@ class CapMachine(RuleBasedStateMachine):
             return
         self.gate(holder, message)
 
-    def release(self, pick: int, _flag: bool = False) -> None:
+    def release(self, pick: int, linger: bool = False) -> None:
+        """A body ends: its slot is given back, or lingers for the process's next task."""
         live = self.world.live()
         if not live:
             return
         holder, run = live[pick % len(live)]
+        if linger and self.world.lingering is None:
+            run.state = "ended"
+            self.world.lingering = (holder, run)
+            return
+        self.give_back(holder, run)
+
+    def give_back(self, holder: str, run: Run) -> None:
         released, handed = self.cap.release(S, run.hold, now=self.now)
         assert released, f"{holder} renewed in time but lost its slot"
         run.state = "done"
         self.world.kept.pop(holder, None)  # a copy that waited behind it is dropped
         self.publish(handed)
+
+    def linger_ends(self, _pick: int, _flag: bool) -> None:
+        """No task followed: the carrier gives the lingering slot back."""
+        if self.world.lingering is not None:
+            holder, run = self.world.lingering
+            self.world.lingering = None
+            self.give_back(holder, run)
+
+    def kill_lingering(self, _pick: int, _flag: bool) -> None:
+        """The process dies while its slot lingers: the slot lapses after its lease (a copy
+        behind it may then run: as for a process killed during the body)."""
+        if self.world.lingering is not None:
+            self.world.lingering[1].state = "killed"
+            self.world.lingering = None
 
     def kill(self, pick: int, redeliver: bool) -> None:
         """The worker running it dies; the broker may deliver its message again."""
@@ -204,7 +242,10 @@ class CapMachine(RuleBasedStateMachine):
         end = self.now + TICKS[pick % len(TICKS)]
         while self.now < end:
             self.now = min(end, self.now + self.lease / 3)
-            for holder, run in self.world.live():
+            renewed = self.world.live()
+            if self.world.lingering is not None:  # renewed until given back
+                renewed.append(self.world.lingering)
+            for holder, run in renewed:
                 assert self.cap.renew(S, run.hold, now=self.now), f"{holder} lost its slot"
 
     def sweep(self, _pick: int = 0, _flag: bool = False) -> None:
@@ -251,6 +292,7 @@ class CapMachine(RuleBasedStateMachine):
     def drain(self) -> None:
         """Everything in flight arrives, bodies end, blocks end and leases lapse."""
         self.cap.unblock(S)
+        self.linger_ends(0, False)
         for _ in range(500):
             if self.world.broker:
                 self.deliver(0)

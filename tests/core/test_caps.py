@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from governor import Concurrency, ConfigError, GovernorTimeout, Limiter, SlotLost
 from governor.aio import Concurrency as AioConcurrency
+from governor.aio import Limiter as AioLimiter
 from governor.caps import _spaced
+from governor.decision import Hold
 from support.celery_helpers import wait_for
 from support.servers import ServerHandle
 
@@ -191,6 +193,40 @@ def test_bad_configuration_is_refused(r: redis.Redis, prefix: str) -> None:
         Limiter(r, "10/s", concurrency=1, name="x", prefix=prefix).lease("s", span=0.1)
     with pytest.raises(ValueError, match="holder"):
         Concurrency(r, 1, name="x", prefix=prefix).acquire("s", holder="has space")
+
+
+T = 1_800_000_000.0
+
+
+def test_an_acquire_gives_a_slot_back_first_as_a_release_would(
+    r: redis.Redis, redis_server: ServerHandle, prefix: str
+) -> None:
+    lim = Limiter(r, None, concurrency=1, name=f"gb{uuid.uuid4().hex[:6]}", prefix=prefix)
+    a = lim.acquire("s", holder="a:0", now=T)
+    assert a.allowed and a.hold is not None
+    assert lim.acquire("s", holder="a:0", now=T).capped == "copy"  # a copy of it asks
+    wrong = Hold("a:0", "not-its-token", 0, 30.0)
+    b = lim.acquire("s", holder="b:0", give_back=wrong, now=T)
+    assert not b.allowed and b.capped == "full"  # never another holder's slot
+    b = lim.acquire("s", holder="b:0", give_back=a.hold, now=T + 1)
+    assert b.allowed and b.hold is not None and b.hold.fence > a.hold.fence
+    assert [h.holder for h in lim.holders("s", now=T + 1).holders] == ["b:0"]
+    assert lim.acquire("s", holder="a:0", now=T + 1).capped == "done"  # the copy is dropped
+    # a slot given back goes to the oldest waiter before the caller is asked
+    assert lim.wait("s", "c:0", "message of c", now=T + 1).status == "queued"
+    d = lim.acquire("s", holder="d:0", give_back=b.hold, now=T + 2)
+    assert not d.allowed and d.capped == "full" and d.handed == (("c:0", "message of c"),)
+    assert lim.release("s", b.hold, now=T + 2) == (False, ())  # given back already
+
+    async def twin() -> None:
+        client = aioredis.Redis.from_url(redis_server.url(0))
+        alim = AioLimiter(client, None, concurrency=1, name=lim.name + "a", prefix=prefix)
+        x = await alim.acquire("s", holder="x:0", now=T)
+        y = await alim.acquire("s", holder="y:0", give_back=x.hold, now=T)
+        assert y.allowed and [h.holder for h in (await alim.holders("s", now=T)).holders] == ["y:0"]
+        await client.aclose()
+
+    asyncio.run(twin())
 
 
 @pytest.mark.compat

@@ -48,6 +48,7 @@ from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
 from ..config.task_limits import call_with_arguments
+from ..decisions.carried import Carried
 from ..decisions.decider import Decider, too_long, waited_so_far
 from ..decisions.leases import AdmissionLeases
 from ..fair.sharing import FairSharing, fair_spec
@@ -96,7 +97,9 @@ class Gate:
         self.decider = Decider(settings, self.store, self.handover.publish, self.live)
         self.republisher = Republisher(app, settings, self.store, self.handover)
         self.cap_line = CapLine(settings, self.store, self.republisher)
-        self.holding = Holding(self.calls, self.store, self.handover)
+        self.carried = Carried(self.handover.publish)
+        self.decider.carried = self.carried
+        self.holding = Holding(self.calls, self.store, self.handover, self.carried)
         self.early = EarlyDeferral(self.calls, self.decider, self.republisher, self.cap_line)
         self.pausing = Pausing(settings, self.store, self.decider, self.republisher, self.live)
         self.shadow = Shadow(self.store)

@@ -32,6 +32,7 @@ from ...concurrency import Permit, renewer
 from ...errors import GovernorError
 from .. import signals
 from ..config.store import Store
+from ..decisions.carried import Carried, roomy
 from ..patches import receive_late
 from ..types import Call, Outcome, handed_by
 from ..waiting.handover import Handover
@@ -52,18 +53,26 @@ def current_permits() -> list[Permit]:
 class Holding:
     """The slots the tasks of one process hold, by task id."""
 
-    def __init__(self, calls: Calls, store: Store, handover: Handover) -> None:
+    def __init__(
+        self, calls: Calls, store: Store, handover: Handover, carried: Carried | None = None
+    ) -> None:
         self.calls = calls
         self.store = store
         self.handover = handover
+        self.carried = carried
+        """Where a slot of a roomy cap lingers for the process's next task (None: never)."""
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[float, list[tuple[str, Permit]]]] = {}
+        self._held: dict[str, tuple[float, list[tuple[str, Permit, bool]]]] = {}
         self._listening = False
 
     def take(self, call: Call, outcome: Outcome) -> None:
         """Keep the slots an admission took until the body ends."""
         permits = [
-            (spec.label, Permit(lim, spec.subject, d.hold, on_lost=_lost(spec.label)))
+            (
+                spec.label,
+                Permit(lim, spec.subject, d.hold, on_lost=_lost(spec.label)),
+                roomy(lim, d.remaining),
+            )
             for lim, spec, d in outcome.held
             if d.hold is not None
         ]
@@ -72,14 +81,14 @@ class Holding:
         self._listen()
         with self._lock:
             self._held[call.request.id] = (time.monotonic(), permits)
-        for _, permit in permits:
+        for _, permit, _ in permits:
             renewer().add(permit)
-        _local.permits = [p for _, p in permits]
+        _local.permits = [p for _, p, _ in permits]
         woken = call.state.woken
         signals.slot_acquired.send(
             sender=call.task,
             request=call.request,
-            limits=[label for label, _ in permits],
+            limits=[label for label, _, _ in permits],
             handover=None if woken is None else max(0.0, time.time() - woken),
         )
 
@@ -106,23 +115,32 @@ class Holding:
             return
         started, permits = entry
         _local.permits = []
+        carried = self.carried
+        if carried is not None:  # a roomy cap's slot waits for this process's next task
+            permits = [
+                (label, permit, lingers)
+                for label, permit, lingers in permits
+                if not (lingers and not permit.lost and carried.keep(permit))
+            ]
         self._give_back(permits)
         signals.slot_released.send(
             sender=task,
             request=getattr(task, "request", None),
-            limits=[label for label, _ in permits],
+            limits=[label for label, _, _ in entry[1]],
             held=time.monotonic() - started,
         )
 
     def release_all(self) -> None:
-        """This process is leaving: give back what its tasks still hold."""
+        """This process is leaving: give back what its tasks still hold, and what lingers."""
         with self._lock:
             entries, self._held = list(self._held.values()), {}
         for _, permits in entries:
             self._give_back(permits)
+        if self.carried is not None:
+            self.carried.release_all()
 
-    def _give_back(self, permits: list[tuple[str, Permit]]) -> None:
-        for label, permit in permits:
+    def _give_back(self, permits: list[tuple[str, Permit, bool]]) -> None:
+        for label, permit, _ in permits:
             try:
                 released, handed = permit.release()
             except (GovernorError, RedisError) as exc:  # it lapses after the lease instead

@@ -18,6 +18,7 @@ from ..config.live import LiveView
 from ..config.settings import Settings
 from ..config.store import Store
 from ..types import Handed, Held, LimitSpec, Outcome, WaitState, Who
+from .carried import Carried
 from .leases import AdmissionLeases
 from .pacing import Pacing
 from .rounds import acquire_all, claim_all, refund, reserve_all
@@ -45,6 +46,9 @@ class Decider:
         self.publish: Publish = publish or (lambda handed: None)
         self.pacing = Pacing(store, live) if live is not None else None
         """Stale bookings of adaptive limits (:mod:`.pacing`); None without live limits."""
+        self.carried: Carried | None = None
+        """Slots of this process's ended tasks, given back in the next decision of their cap
+        (:mod:`.carried`); None: every slot is given back at its task's end."""
 
     def limiters(self, specs: list[LimitSpec]) -> list[tuple[Limiter, LimitSpec]]:
         return [(self.store.limiter(s.name, s.config), s) for s in specs]
@@ -114,7 +118,7 @@ class Decider:
                 outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
                 if outcome is not None:
                     return outcome
-            elif len(caps) < len(limiters) and not any(lim.rules for lim, _ in caps):
+            else:
                 outcome = self._leased_with_caps(limiters, caps, cost, who, handed)
                 if outcome is not None:
                     return outcome
@@ -133,11 +137,14 @@ class Decider:
         """A call under a fair limit whose queue this process has not seen in use (the gate
         queues the others first): from leases while the limits have plenty of room (a lease
         is counted now and starts within its span: no booking ahead), else asked now."""
-        if all(lim.books and lim.cap is None for lim, _ in limiters):
+        caps = [(lim, spec) for lim, spec in limiters if lim.cap is not None]
+        if caps:
+            outcome = self._leased_with_caps(limiters, caps, cost, who, handed)
+        else:
             outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
-            if outcome is not None:
-                return outcome
-        outcome = acquire_all(limiters, cost, who, handed)
+        if outcome is not None:
+            return outcome
+        outcome = acquire_all(limiters, cost, who, handed, self.carried)
         self.leases.observe(outcome.held)
         return outcome
 
@@ -149,17 +156,24 @@ class Decider:
         who: Who | None,
         handed: Handed,
     ) -> Outcome | None:
-        """The rates from leases, the caps' slots from Redis (caps with no rates of their own:
-        a slot is taken now or the cap is full, nothing is booked). None: the rates have no
-        lease with room (the caller asks for everything as usual)."""
+        """The limits without a cap from leases, the capped ones asked now (a slot is taken
+        now or the cap is full, nothing is booked; a slot this process's previous task left
+        lingering is given back in the same call). None: a limit has no lease with room, or a
+        capped limit's own rules deny (the caller asks for everything as usual: bookings)."""
+        if not all(self.leases.roomy(lim, spec.subject) for lim, spec in caps if lim.rules):
+            return None  # a capped limit's rules may deny: booked the usual way
         rates = [(lim, spec) for lim, spec in limiters if lim.cap is None]
-        leased = self.leases.take(rates, cost) or self.leases.grant(rates, cost)
+        if rates:
+            leased = self.leases.take(rates, cost) or self.leases.grant(rates, cost)
+        else:
+            leased = Outcome(True, held=[])
         if leased is None:
             return None
-        slots = acquire_all(caps, cost, who, handed)
+        slots = acquire_all(caps, cost, who, handed, self.carried)
         if not slots.allowed:
             self.leases.untake(rates, cost)
-            return slots
+            decision = slots.decision
+            return slots if decision is not None and decision.capped is not None else None
         rate_held, slot_held = iter(leased.held), iter(slots.held)  # each in limiters' order
         held: Held = [next(rate_held if lim.cap is None else slot_held) for lim, _ in limiters]
         return Outcome(True, now=slots.held[-1][2].now, held=held)

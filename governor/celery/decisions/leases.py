@@ -256,6 +256,11 @@ class AdmissionLeases:
             self._next.clear()
         self._room[key] = room
 
+    def roomy(self, lim: Limiter, subject: str) -> bool:
+        """Whether ``lim`` last reported plenty of room for ``subject`` (enough to lease
+        from: see :meth:`observe`)."""
+        return (lim, subject) in self._room
+
     def observe(self, held: Held) -> None:
         """Remember the room the limits reported (after a decision made without a lease)."""
         if self.span > 0:

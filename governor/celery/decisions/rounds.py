@@ -24,6 +24,7 @@ from ...decision import Decision, Slot
 from ...limiter import Limiter
 from ..metering.costs import share
 from ..types import Handed, Held, LimitSpec, Outcome, Who, handed_by
+from .carried import Carried
 
 __all__ = ["acquire_all", "claim_all", "refund", "reserve_all"]
 
@@ -52,12 +53,30 @@ def acquire_all(
     cost: Cost,
     who: Who | None = None,
     handed: Handed | None = None,
+    carried: Carried | None = None,
 ) -> Outcome:
+    """``carried``: slots of this process's previous tasks, each given back in the decision
+    that takes the next slot of its cap and subject (see :mod:`.carried`)."""
     held: Held = []
     handed = [] if handed is None else handed
     for i, (lim, spec) in enumerate(limiters):
         holder, token, info = _ids(who)
-        d = lim.acquire(spec.subject, share(lim, cost), holder=holder, token=token, info=info)
+        given = None
+        if carried is not None and lim.cap is not None:
+            given = carried.take(lim, spec.subject)
+        try:
+            d = lim.acquire(
+                spec.subject,
+                share(lim, cost),
+                holder=holder,
+                token=token,
+                info=info,
+                give_back=None if given is None else given.hold,
+            )
+        except BaseException:
+            if given is not None and carried is not None:
+                carried.failed(given)
+            raise
         handed += handed_by(lim, spec.subject, d.handed)
         if d.allowed:
             held.append((lim, spec, d))
