@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from .decision import CapUsage, Hold
 from .errors import GovernorError, GovernorTimeout, SlotLost, StorageUnavailable
 from .keys import Subject, subject_text
 from .limiter import Limiter
+from .pids import pid
 
 __all__ = ["Concurrency", "Permit", "Renewer", "renewer"]
 
@@ -143,7 +143,7 @@ class Renewer:
     """Renews the permits of one process from a daemon thread, each every third of its lease."""
 
     def __init__(self) -> None:
-        self._pid = os.getpid()
+        self._pid = pid()
         self._cond = threading.Condition()
         self._permits: set[Permit] = set()
         self._thread: threading.Thread | None = None
@@ -210,8 +210,11 @@ _renewer_lock = threading.Lock()
 def renewer() -> Renewer:
     """This process's renewer (a forked child gets its own)."""
     global _renewer
+    found = _renewer
+    if found is not None and found._pid == pid():  # (every slot taken and given back asks)
+        return found
     with _renewer_lock:
-        if _renewer is None or _renewer._pid != os.getpid():
+        if _renewer is None or _renewer._pid != pid():
             _renewer = Renewer()
         return _renewer
 

@@ -385,15 +385,19 @@ class LimiterBase:
     def _decision(
         self, reply: Any, cost: Cost | tuple[int, ...] = 1, hold: Hold | None = None
     ) -> Decision:
-        if hold is not None:
-            return self._capped(reply, cost, hold)
-        parts = reply.split(b" " if type(reply) is bytes else " ", 8)
+        if hold is not None:  # {decision, fence, free slots, handed pairs...}
+            text, fence, free = reply[0], int(reply[1]), int(reply[2])
+        else:
+            text, fence, free = reply, 0, -1
+        parts = text.split(b" " if type(text) is bytes else " ", 8)
         allowed, retry, rule, remaining, reset, now, start, end = map(int, parts[:8])
         # (every call's cost was checked before its script ran; the usual one: units, no meters)
         if type(cost) is int and not self.meters:
             units: tuple[int, ...] = (cost,)
         else:
             units = cost if isinstance(cost, tuple) else self._units(cost, fits=False)
+        if free >= 0:  # a capped limiter's: what its slots allow too, and who it handed some
+            remaining = min(remaining, free) if self.rules else free
         return Decision(
             allowed == 1,
             seconds(retry) if retry else 0.0,
@@ -404,32 +408,12 @@ class LimiterBase:
             now / 1_000_000,
             Slot(start, end) if end else None,
             max(units),
-            None,
-            None,
-            (),
+            as_text(parts[8]) if rule == -2 and hold is not None else None,
+            Hold(hold.holder, hold.token, fence, hold.lease)
+            if hold is not None and fence
+            else None,
+            handed(reply[3:]) if hold is not None and len(reply) > 3 else (),
             tuple(zip(self.meters, units)) if self.meters else (),
-        )
-
-    def _capped(self, reply: Sequence[Any], cost: Cost | tuple[int, ...], hold: Hold) -> Decision:
-        """A decision of a capped limiter: {decision, fence, free slots, handed pairs...}."""
-        text = reply[0]
-        d = self._decision(text, cost)
-        parts = text.split(b" " if isinstance(text, bytes) else " ", 8)
-        fence, free = int(reply[1]), int(reply[2])
-        return Decision(
-            allowed=d.allowed,
-            retry_after=d.retry_after,
-            remaining=min(d.remaining, free) if self.rules else free,
-            reset_after=d.reset_after,
-            rule=d.rule,
-            blocked=d.blocked,
-            now=d.now,
-            slot=d.slot,
-            cost=d.cost,
-            units=d.units,
-            capped=as_text(parts[8]) if int(parts[2]) == -2 else None,
-            hold=Hold(hold.holder, hold.token, fence, hold.lease) if fence else None,
-            handed=handed(reply[3:]),
         )
 
     def _usage(self, subject: Subject, reply: Sequence[Any]) -> Usage:

@@ -104,6 +104,43 @@ def test_the_next_task_gives_the_slot_back_in_its_own_decision(
     assert holders(governor, q) == []
 
 
+def test_with_a_carried_slot_a_capped_call_takes_the_short_way(
+    roomy: tuple[Any, Governor, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task, governor, q = roomy
+    gate = governor.gate
+    long_way = Counted(monkeypatch, "acquire")
+    calls = 0
+    call = gate.calls.call
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return call(*args, **kwargs)
+
+    monkeypatch.setattr(gate.calls, "call", counting)
+    for _ in range(6):
+        run(gate, task, q)
+    # the first call takes the long way (nothing carried yet); the others the short one,
+    # each one script that takes its slot and gives the previous task's back
+    assert calls == 1 and long_way.count == 6 and gate.admitted == 6
+    lim = gate.store.limiter("queue", governor.settings.queues[q])
+    for n in range(9):  # the cap fills up elsewhere, and a task waits in its line
+        assert lim.acquire(q, holder=f"other{n}:0").allowed
+    assert lim.wait(q, "waiter:0", "its message").status == "queued"
+    published: list[Any] = []
+    monkeypatch.setattr(gate.handover, "publish", published.extend)
+    req = request(q)
+    task.request_stack.push(req)
+    try:
+        deferred = gate.admit(task, (), {})
+    finally:
+        task.request_stack.pop()
+    # the carried slot went to the waiter; the call took the long way, to the cap's line
+    assert [h for h, _, _ in published] == ["waiter:0"]
+    assert deferred is not None and "waits for a slot" in str(deferred) and calls == 2
+
+
 def test_a_slot_no_task_takes_is_given_back_by_the_carrier(redis_server: ServerHandle) -> None:
     task, governor, q = capped(redis_server, {"concurrency": 10})
     run(governor.gate, task, q)

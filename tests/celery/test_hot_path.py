@@ -185,6 +185,26 @@ def test_a_per_key_task_leases_per_subject_the_short_way(
     gate.leases.release()
 
 
+def test_a_live_change_of_a_per_key_limit_reaches_its_lane(redis_server: ServerHandle) -> None:
+    q = queue_name()
+    app = new_app(redis_server.url(), q)
+    governor = Governor(app)
+
+    @governor.task("1000/h", key=lambda customer, **_: customer, algorithm="gcra", shared=False)
+    def job(customer: str) -> None: ...
+
+    app.finalize()
+    task, gate = app.tasks[job.name], governor.gate
+    info = {"routing_key": q}
+    lane = lane_of(gate, task, gate.calls.route(task, info))
+    assert lane is not None and lane.with_key("c0")[-1][1].config.rules == parse_rules("1000/h")
+    LiveLimits(gate.client, governor.settings.prefix).set(task.name, {"rules": "5/s"}, "test")
+    gate.live.changed()
+    lane = lane_of(gate, task, gate.calls.route(task, info))
+    assert lane is not None and lane.with_key("c0")[-1][1].config.rules == parse_rules("5/s")
+    assert lane.with_key("c0")[-1][0].rules == parse_rules("5/s")  # its limiter too
+
+
 def test_a_per_key_task_with_a_cap_or_a_fair_key_takes_the_long_way(
     redis_server: ServerHandle,
 ) -> None:

@@ -68,6 +68,27 @@ def test_a_cap_on_two_nodes_keeps_its_slots_busy(nodes_factory: Any) -> None:
     assert holders(nodes, queue) == []
 
 
+def test_slots_carried_between_tasks_never_exceed_the_cap(nodes_factory: Any) -> None:
+    """300 tasks of 10 ms under "8 at once" on 2 nodes x 6 processes: while few run, a slot
+    lingers after its task for the process's next one (governor/celery/decisions/carried.py),
+    and as the cap fills it is given back to the line; never more than 8 bodies at once, every
+    task once, and every slot given back at the end (the carrier's, once no task follows)."""
+    queue = f"cap-{uuid.uuid4().hex[:6]}"
+    conf = {"governor_prefix": f"gt{uuid.uuid4().hex[:8]}"}
+    nodes = nodes_factory({queue: {"concurrency": 8}}, conf=conf, sleep=0.01)
+    nodes.start(2, concurrency=6, queues=[queue])
+    nodes.publish(queue, 100)  # a first wave while the cap has room, then a crowd
+    ends = wait_for(lambda: nodes.records("ends"), lambda e: len(e) >= 100, timeout=60)
+    nodes.publish(queue, 200)
+    ends = wait_for(lambda: nodes.records("ends"), lambda e: len(e) >= 300, timeout=120)
+    assert not nodes.failures(), nodes.failures()[:3]
+    assert len({e["id"] for e in ends}) == 300, f"{len(ends)} of 300\n{nodes.log_text()[-3000:]}"
+    assert len(ends) == 300  # none twice
+    assert most_at_once(ends) <= 8
+    held = wait_for(lambda: holders(nodes, queue), lambda h: h == [], timeout=30)
+    assert held == []
+
+
 def test_a_killed_node_gives_its_slots_back_within_the_lease(nodes_factory: Any) -> None:
     """SIGKILL of a node holding slots: its leases (3 s) lapse, a surviving node's sweeper hands
     the slots to waiting tasks, the killed node's tasks come back (visibility timeout) and

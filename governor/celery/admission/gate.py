@@ -43,6 +43,7 @@ import redis
 from ...caps import new_token
 from ...errors import CostError, GovernorError, GovernorTimeout, StorageUnavailable
 from ...keys import subject_text
+from ...limiter import Limiter
 from .. import signals
 from ..config.live import LiveView
 from ..config.settings import Settings
@@ -51,6 +52,7 @@ from ..config.task_limits import call_with_arguments
 from ..decisions.carried import Carried
 from ..decisions.decider import Decider, too_long, waited_so_far
 from ..decisions.leases import AdmissionLeases
+from ..decisions.rounds import acquire_all
 from ..fair.sharing import FairSharing, fair_spec
 from ..feedback.backoff import Backoff
 from ..feedback.pausing import Pausing
@@ -63,6 +65,7 @@ from ..types import (
     Call,
     Deferred,
     Duplicate,
+    Handed,
     LimitSpec,
     Outcome,
     TaskOptions,
@@ -76,7 +79,7 @@ from ..waiting.republish import Republisher
 from .calls import Calls, Route
 from .early import EarlyDeferral
 from .holding import Holding, holder_info
-from .lanes import LeaseLane, leasable
+from .lanes import LeaseLane, leasable, slot_only
 from .shadow import Shadow
 
 __all__ = ["Deferred", "Duplicate", "Gate", "WaitState"]
@@ -205,6 +208,8 @@ class Gate:
             except Exception:  # the long way raises it, naming the task
                 return False
             limiters = lane.with_key(subject)
+        if lane.caps:
+            return self._slotted(task, request, args, kwargs, opts.cost, limiters, lane.caps)
         leases = self.decider.leases
         told = signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG)
         if not told and leases.use(limiters, opts.cost):  # the usual admission: nothing to tell
@@ -218,6 +223,48 @@ class Gate:
             specs = [spec for _, spec in limiters]
             call = Call(task, request, args, kwargs, specs, opts.cost, WaitState())
             self._admitted(call, outcome)
+        return True
+
+    def _slotted(
+        self,
+        task: Any,
+        request: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        cost: int,
+        limiters: list[tuple[Limiter, LimitSpec]],
+        caps: list[tuple[Limiter, LimitSpec]],
+    ) -> bool:
+        """The short way of a call with concurrency caps: while this process carries a slot
+        of each cap from its previous task (the caps have room), the other limits from leases
+        and the slots in one script each, which gives the carried slot back. False: the long
+        way (no slot carried, no lease with room, or a cap turned it away: rare with room)."""
+        carried = self.carried
+        if not all(carried.holds(lim, spec.subject) for lim, spec in caps):
+            return False
+        leases = self.decider.leases
+        if limiters and (leases.take(limiters, cost) or leases.grant(limiters, cost)) is None:
+            return False
+        retries = getattr(request, "retries", None) or 0
+        who = Who(f"{request.id}:{retries}", new_token(), holder_info(request))
+        handed: Handed = []
+        try:
+            slots = acquire_all(caps, cost, who, handed, carried)
+        except BaseException:
+            leases.untake(limiters, cost)
+            raise
+        finally:
+            if handed:
+                self.handover.publish(handed)
+        if not slots.allowed:
+            leases.untake(limiters, cost)
+            return False
+        self.admitted += 1
+        self.holding.hold(task, request, None, slots.held)
+        if signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG):
+            specs = [spec for _, spec in limiters] + [spec for _, spec in caps]
+            call = Call(task, request, args, kwargs, specs, cost, WaitState())
+            self._admitted(call, slots)
         return True
 
     def _lane(self, route: Route, task: Any, opts: TaskOptions) -> LeaseLane | None:
@@ -247,11 +294,13 @@ class Gate:
             if spec.config.shadow or spec.config.fair_by is not None:
                 return None
             key = (self.store.limiter(spec.name, spec.config), spec)
+        caps = [(lim, spec) for lim, spec in limiters if slot_only(lim)]
+        limiters = [(lim, spec) for lim, spec in limiters if not slot_only(lim)]
         pairs = limiters if key is None else [*limiters, key]
-        if not pairs or not all(leasable(lim) for lim, _ in pairs):
+        if not (pairs or caps) or not all(leasable(lim) for lim, _ in pairs):
             return None
         fair = tuple((s.name, s.subject) for s in route.specs if s.config.fair_by is not None)
-        return LeaseLane(client, limiters, key, fair)
+        return LeaseLane(client, limiters, key, fair, caps)
 
     def back_off(
         self, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Backoff

@@ -34,7 +34,7 @@ from .. import signals
 from ..config.store import Store
 from ..decisions.carried import Carried, roomy
 from ..patches import receive_late
-from ..types import Call, Outcome, handed_by
+from ..types import Call, Held, Outcome, handed_by
 from ..waiting.handover import Handover
 from .calls import Calls
 
@@ -67,27 +67,31 @@ class Holding:
 
     def take(self, call: Call, outcome: Outcome) -> None:
         """Keep the slots an admission took until the body ends."""
+        self.hold(call.task, call.request, call.state.woken, outcome.held)
+
+    def hold(self, task: Any, request: Any, woken: float | None, held: Held) -> None:
+        """Keep the slots of ``held`` (decisions of an admission) until the body of
+        ``request`` ends; ``woken``: when a hand-over woke it (None: it was not waiting)."""
         permits = [
             (
                 spec.label,
                 Permit(lim, spec.subject, d.hold, on_lost=_lost(spec.label)),
                 roomy(lim, d.remaining),
             )
-            for lim, spec, d in outcome.held
+            for lim, spec, d in held
             if d.hold is not None
         ]
         if not permits:
             return
         self._listen()
         with self._lock:
-            self._held[call.request.id] = (time.monotonic(), permits)
+            self._held[request.id] = (time.monotonic(), permits)
         for _, permit, _ in permits:
             renewer().add(permit)
         _local.permits = [p for _, p, _ in permits]
-        woken = call.state.woken
         signals.slot_acquired.send(
-            sender=call.task,
-            request=call.request,
+            sender=task,
+            request=request,
             limits=[label for label, _, _ in permits],
             handover=None if woken is None else max(0.0, time.time() - woken),
         )

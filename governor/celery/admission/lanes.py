@@ -8,9 +8,14 @@ call's arguments (a limiter, and the limit's spec for each subject seen lately);
 limits' queues, which the process must not have seen in use (a call of a fair queue in use
 waits in it, behind those queued: the long way).
 
+A route's concurrency caps without rules of their own go with it (``caps``): a slot is the
+task's own, taken in Redis, so such a call takes the short way only while this process carries a
+slot of each of its caps from its previous task (:mod:`..decisions.carried`: the caps have room,
+and the one script that takes the slot gives that one back).
+
 A route has no lane (the long way for every call) when a limit cannot lease: one that does not
-book, a concurrency cap (a slot is the task's own, taken in Redis), a cost per meter, a shadow
-limit, a per-key limit that is shadow or fair, or an adaptive per-key limit under a factor.
+book, a cap with rules of its own, a cost per meter, a shadow limit, a per-key limit that is
+shadow, fair or capped, or an adaptive per-key limit under a factor.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 from ...limiter import Limiter
 from ..types import LimitSpec
 
-__all__ = ["SUBJECTS", "LeaseLane", "leasable"]
+__all__ = ["SUBJECTS", "LeaseLane", "leasable", "slot_only"]
 
 SUBJECTS = 1024
 """Subjects of a per-key limit whose specs a lane keeps; past that it starts afresh (per-key
@@ -35,10 +40,15 @@ def leasable(lim: Limiter) -> bool:
     return lim.books and lim.cap is None and not lim.meters
 
 
+def slot_only(lim: Limiter) -> bool:
+    """Whether ``lim`` is a concurrency cap with no rules of its own."""
+    return lim.cap is not None and not lim.rules
+
+
 class LeaseLane:
     """How one route's calls are admitted from leases in this process."""
 
-    __slots__ = ("_subjects", "client", "fair", "key", "limiters")
+    __slots__ = ("_subjects", "caps", "client", "fair", "key", "limiters")
 
     def __init__(
         self,
@@ -46,6 +56,7 @@ class LeaseLane:
         limiters: list[Pair],
         key: Pair | None = None,
         fair: tuple[tuple[str, str], ...] = (),
+        caps: list[Pair] | None = None,
     ) -> None:
         self.client = client
         """The Redis client the limiters use (a forked process makes a lane of its own)."""
@@ -55,6 +66,8 @@ class LeaseLane:
         """The per-key limit's limiter and spec (its subject left empty), or None."""
         self.fair = fair
         """The fair limits' (name, subject): the process must not have seen them in use."""
+        self.caps = caps or []
+        """The route's concurrency caps without rules (their slots taken in Redis)."""
         self._subjects: dict[str, list[Pair]] = {}
 
     def with_key(self, subject: str) -> list[Pair]:

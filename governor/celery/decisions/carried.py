@@ -96,6 +96,11 @@ class Carried:
                     self._wake.notify()
         return True
 
+    def holds(self, lim: Limiter, subject: str) -> bool:
+        """Whether a slot of ``lim`` and ``subject`` lingers in this process."""
+        self._mine()
+        return (lim, subject) in self._slots
+
     def take(self, lim: Limiter, subject: str) -> Permit | None:
         """The slot lingering for ``lim`` and ``subject``, for a decision to give back (it is
         no longer renewed nor released here), or None."""

@@ -174,6 +174,7 @@ class Decider:
             self.leases.untake(rates, cost)
             decision = slots.decision
             return slots if decision is not None and decision.capped is not None else None
+        self.leases.observe(slots.held)  # (a capped limit's rules: their room now)
         rate_held, slot_held = iter(leased.held), iter(slots.held)  # each in limiters' order
         held: Held = [next(rate_held if lim.cap is None else slot_held) for lim, _ in limiters]
         return Outcome(True, now=slots.held[-1][2].now, held=held)
