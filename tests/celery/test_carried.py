@@ -18,31 +18,14 @@ from governor.celery import Governor
 from governor.celery.admission.gate import Gate
 from governor.celery.types import WaitState, Who
 from support.celery_helpers import new_app, wait_for
+from support.gate_helpers import LongWay, admit, request
 from support.servers import ServerHandle
-
-
-def request(q: str) -> Context:
-    return Context(
-        {
-            "id": str(uuid.uuid4()),
-            "delivery_info": {"exchange": "", "routing_key": q, "redelivered": False},
-            "headers": None,
-            "hostname": "test@host",
-        },
-        args=(),
-        kwargs={},
-        called_directly=False,
-    )
 
 
 def run(gate: Gate, task: Any, q: str, **kwargs: Any) -> Context:
     """One task through the gate and to its body's end (``task_postrun``); its request."""
     req = request(q)
-    task.request_stack.push(req)
-    try:
-        assert gate.admit(task, (), kwargs) is None
-    finally:
-        task.request_stack.pop()
+    assert admit(gate, task, req, **kwargs) is None
     celery_signals.task_postrun.send(sender=task, task_id=req.id, task=task)
     return req
 
@@ -109,36 +92,24 @@ def test_with_a_carried_slot_a_capped_call_takes_the_short_way(
 ) -> None:
     task, governor, q = roomy
     gate = governor.gate
-    long_way = Counted(monkeypatch, "acquire")
-    calls = 0
-    call = gate.calls.call
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return call(*args, **kwargs)
-
-    monkeypatch.setattr(gate.calls, "call", counting)
+    decisions = Counted(monkeypatch, "acquire")
+    long_way = LongWay(gate, monkeypatch)
     for _ in range(6):
         run(gate, task, q)
     # the first call takes the long way (nothing carried yet); the others the short one,
     # each one script that takes its slot and gives the previous task's back
-    assert calls == 1 and long_way.count == 6 and gate.admitted == 6
+    assert long_way.count == 1 and decisions.count == 6 and gate.admitted == 6
     lim = gate.store.limiter("queue", governor.settings.queues[q])
     for n in range(9):  # the cap fills up elsewhere, and a task waits in its line
         assert lim.acquire(q, holder=f"other{n}:0").allowed
     assert lim.wait(q, "waiter:0", "its message").status == "queued"
     published: list[Any] = []
     monkeypatch.setattr(gate.handover, "publish", published.extend)
-    req = request(q)
-    task.request_stack.push(req)
-    try:
-        deferred = gate.admit(task, (), {})
-    finally:
-        task.request_stack.pop()
+    deferred = admit(gate, task, request(q))
     # the carried slot went to the waiter; the call took the long way, to the cap's line
     assert [h for h, _, _ in published] == ["waiter:0"]
-    assert deferred is not None and "waits for a slot" in str(deferred) and calls == 2
+    assert deferred is not None and "waits for a slot" in str(deferred)
+    assert long_way.count == 2
 
 
 def test_a_slot_no_task_takes_is_given_back_by_the_carrier(redis_server: ServerHandle) -> None:

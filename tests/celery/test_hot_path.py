@@ -23,49 +23,12 @@ from governor.celery.types import LimitConfig, LimitSpec
 from governor.errors import ConfigError
 from governor.rules import parse_rules
 from support.celery_helpers import new_app, wait_for
+from support.gate_helpers import LongWay, admit, request
 from support.servers import ServerHandle
 
 
 def queue_name() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
-
-
-def request(q: str, headers: dict[str, Any] | None = None, **info: Any) -> Context:
-    """A pool process's request for a message from queue ``q``, as Celery's tracer pushes it."""
-    task_id = str(uuid.uuid4())
-    return Context(
-        {
-            "id": task_id,
-            "delivery_info": {"exchange": "", "routing_key": q, "redelivered": False, **info},
-            "headers": headers,
-            "hostname": "test@host",
-        },
-        args=(),
-        kwargs={},
-        called_directly=False,
-    )
-
-
-def admit(gate: Gate, task: Any, req: Context, **kwargs: Any) -> Any:
-    task.request_stack.push(req)
-    try:
-        return gate.admit(task, (), kwargs)
-    finally:
-        task.request_stack.pop()
-
-
-class LongWay:
-    """Counts the calls that take the gate's long way (Calls.call)."""
-
-    def __init__(self, gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        call = gate.calls.call
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return call(*args, **kwargs)
-
-        monkeypatch.setattr(gate.calls, "call", counting)
 
 
 @pytest.fixture
@@ -158,9 +121,9 @@ def test_a_fair_call_leases_until_its_queue_is_seen_in_use(
     gate.leases.release()
 
 
-def test_a_per_key_task_leases_per_subject_the_short_way(
-    redis_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def keyed(redis_server: ServerHandle) -> Iterator[tuple[Any, Governor, str]]:
+    """An app with a per-key task (1000/h, gcra, by customer), its task and queue."""
     q = queue_name()
     app = new_app(redis_server.url(), q)
     governor = Governor(app)
@@ -169,7 +132,14 @@ def test_a_per_key_task_leases_per_subject_the_short_way(
     def job(customer: str) -> None: ...
 
     app.finalize()
-    task = app.tasks[job.name]
+    yield app.tasks[job.name], governor, q
+    governor.gate.leases.release()
+
+
+def test_a_per_key_task_leases_per_subject_the_short_way(
+    keyed: tuple[Any, Governor, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task, governor, q = keyed
     gate = governor.gate
     long_way = LongWay(gate, monkeypatch)
     for n in range(12):
@@ -182,19 +152,13 @@ def test_a_per_key_task_leases_per_subject_the_short_way(
     with pytest.raises(ConfigError, match=task.name):
         admit(gate, task, request(q), customer="")
     assert long_way.count == 3
-    gate.leases.release()
 
 
-def test_a_live_change_of_a_per_key_limit_reaches_its_lane(redis_server: ServerHandle) -> None:
-    q = queue_name()
-    app = new_app(redis_server.url(), q)
-    governor = Governor(app)
-
-    @governor.task("1000/h", key=lambda customer, **_: customer, algorithm="gcra", shared=False)
-    def job(customer: str) -> None: ...
-
-    app.finalize()
-    task, gate = app.tasks[job.name], governor.gate
+def test_a_live_change_of_a_per_key_limit_reaches_its_lane(
+    keyed: tuple[Any, Governor, str],
+) -> None:
+    task, governor, q = keyed
+    gate = governor.gate
     info = {"routing_key": q}
     lane = lane_of(gate, task, gate.calls.route(task, info))
     assert lane is not None and lane.with_key("c0")[-1][1].config.rules == parse_rules("1000/h")
