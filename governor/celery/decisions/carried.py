@@ -145,12 +145,15 @@ class Carried:
             self._give_back(permits)
 
     def _give_back(self, permits: list[Permit]) -> None:
+        """Release each slot and publish whom it went to. Never raises: the carrier thread
+        must outlive any failure (a slot it stopped giving back would stay held, renewed)."""
         for permit in permits:
             try:
                 _, handed = permit.release()
+                self.publish(handed_by(permit.limiter, permit.subject, handed))
             except (GovernorError, RedisError) as exc:  # it lapses after the lease instead
                 logger.warning(
                     "governor: could not release a slot of %s: %r", permit.limiter.name, exc
                 )
-                continue
-            self.publish(handed_by(permit.limiter, permit.subject, handed))
+            except Exception:
+                logger.exception("governor: releasing a slot of %s failed", permit.limiter.name)
