@@ -52,7 +52,6 @@ from ..config.task_limits import call_with_arguments
 from ..decisions.carried import Carried
 from ..decisions.decider import Decider, too_long, waited_so_far
 from ..decisions.leases import AdmissionLeases
-from ..decisions.rounds import acquire_all
 from ..fair.sharing import FairSharing, fair_spec
 from ..feedback.backoff import Backoff
 from ..feedback.pausing import Pausing
@@ -242,29 +241,21 @@ class Gate:
         carried = self.carried
         if not all(carried.holds(lim, spec.subject) for lim, spec in caps):
             return False
-        leases = self.decider.leases
-        if limiters and (leases.take(limiters, cost) or leases.grant(limiters, cost)) is None:
-            return False
         retries = getattr(request, "retries", None) or 0
         who = Who(f"{request.id}:{retries}", new_token(), holder_info(request))
         handed: Handed = []
         try:
-            slots = acquire_all(caps, cost, who, handed, carried)
-        except BaseException:
-            leases.untake(limiters, cost)
-            raise
+            outcome = self.decider.leased_with_caps([*limiters, *caps], caps, cost, who, handed)
         finally:
             if handed:
                 self.handover.publish(handed)
-        if not slots.allowed:
-            leases.untake(limiters, cost)
+        if outcome is None or not outcome.allowed:
             return False
         self.admitted += 1
-        self.holding.hold(task, request, None, slots.held)
+        self.holding.hold(task, request, None, outcome.held)
         if signals.task_admitted.receivers or logger.isEnabledFor(logging.DEBUG):
             specs = [spec for _, spec in limiters] + [spec for _, spec in caps]
-            call = Call(task, request, args, kwargs, specs, cost, WaitState())
-            self._admitted(call, slots)
+            self._admitted(Call(task, request, args, kwargs, specs, cost, WaitState()), outcome)
         return True
 
     def _lane(self, route: Route, task: Any, opts: TaskOptions) -> LeaseLane | None:

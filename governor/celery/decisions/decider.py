@@ -119,7 +119,7 @@ class Decider:
                 if outcome is not None:
                     return outcome
             else:
-                outcome = self._leased_with_caps(limiters, caps, cost, who, handed)
+                outcome = self.leased_with_caps(limiters, caps, cost, who, handed)
                 if outcome is not None:
                     return outcome
         outcome = reserve_all(limiters, cost, self.settings.late_tolerance, None, who, handed)
@@ -139,7 +139,7 @@ class Decider:
         is counted now and starts within its span: no booking ahead), else asked now."""
         caps = [(lim, spec) for lim, spec in limiters if lim.cap is not None]
         if caps:
-            outcome = self._leased_with_caps(limiters, caps, cost, who, handed)
+            outcome = self.leased_with_caps(limiters, caps, cost, who, handed)
         else:
             outcome = self.leases.take(limiters, cost) or self.leases.grant(limiters, cost)
         if outcome is not None:
@@ -148,7 +148,7 @@ class Decider:
         self.leases.observe(outcome.held)
         return outcome
 
-    def _leased_with_caps(
+    def leased_with_caps(
         self,
         limiters: list[tuple[Limiter, LimitSpec]],
         caps: list[tuple[Limiter, LimitSpec]],
@@ -169,7 +169,11 @@ class Decider:
             leased = Outcome(True, held=[])
         if leased is None:
             return None
-        slots = acquire_all(caps, cost, who, handed, self.carried)
+        try:
+            slots = acquire_all(caps, cost, who, handed, self.carried)
+        except BaseException:  # (Redis away) the task does not start: the units go back
+            self.leases.untake(rates, cost)
+            raise
         if not slots.allowed:
             self.leases.untake(rates, cost)
             decision = slots.decision
