@@ -65,6 +65,10 @@ class Permit:
         """True once the slot may have gone to another holder (its renewals failed for a whole
         lease, or Redis said it is no longer held)."""
         self.released = False
+        self.ended = False
+        """True once the body it was taken for ended and it only lingers for the next task of
+        the process (``governor.celery.decisions.carried``): losing it then lets nothing run
+        over the cap, so it is logged plainly, without ``on_lost``."""
         self.renewed_at = time.monotonic()
         """Monotonic time of the last renewal (or the acquisition) Redis confirmed."""
         self.retry_at: float | None = None
@@ -96,6 +100,15 @@ class Permit:
         if self.lost or self.released:
             return
         self.lost = True
+        if self.ended:
+            logger.info(
+                "governor: the lingering slot of %s on %s:%s (its task ended) is gone: %s",
+                self.holder,
+                self.limiter.name,
+                self.subject,
+                why,
+            )
+            return
         logger.error(
             "governor: concurrency slot of %s on %s:%s lost: %s; another holder may run",
             self.holder,

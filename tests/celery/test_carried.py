@@ -16,6 +16,7 @@ from celery.app.task import Context
 from governor import Limiter
 from governor.celery import Governor
 from governor.celery.admission.gate import Gate
+from governor.celery.signals import slot_lost
 from governor.celery.types import WaitState, Who
 from support.celery_helpers import new_app, wait_for
 from support.gate_helpers import LongWay, admit, request
@@ -110,6 +111,29 @@ def test_with_a_carried_slot_a_capped_call_takes_the_short_way(
     assert [h for h, _, _ in published] == ["waiter:0"]
     assert deferred is not None and "waits for a slot" in str(deferred)
     assert long_way.count == 2
+
+
+def test_a_lingering_slot_that_is_lost_sends_no_slot_lost(
+    roomy: tuple[Any, Governor, str],
+) -> None:
+    """Its task ended: nothing runs over the cap if it is lost (Redis lost it, say)."""
+    task, governor, q = roomy
+    run(governor.gate, task, q)
+    [(permit, _)] = governor.gate.carried._slots.values()
+    assert permit.ended
+    sent: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    slot_lost.connect(receiver, weak=False)
+    try:
+        lim = governor.gate.store.limiter("queue", governor.settings.queues[q])
+        governor.gate.store.client.delete(*lim.cap_keys(q))
+        assert not permit.renew() and permit.lost
+    finally:
+        slot_lost.disconnect(receiver)
+    assert sent == []
 
 
 def test_a_slot_no_task_takes_is_given_back_by_the_carrier(redis_server: ServerHandle) -> None:

@@ -114,6 +114,25 @@ def test_a_lost_slot_is_reported(r: redis.Redis, prefix: str) -> None:
     assert permit.release() == (False, ())
 
 
+def test_a_lingering_slot_lost_after_its_task_ended_is_no_alarm(
+    r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A slot kept for the process's next task (its body ended: ``ended``) that is lost lets
+    nothing run over the cap: logged at INFO, no ``on_lost`` (no slot_lost signal)."""
+    lost: list[object] = []
+    cap = Concurrency(r, 1, name="ended", prefix=prefix, lease=30.0, on_lost=lost.append)
+    permit = cap.acquire("s")
+    assert permit is not None
+    permit.ended = True
+    r.delete(*cap.limiter.cap_keys("s"))
+    with caplog.at_level("INFO", logger="governor"):
+        assert not permit.renew()
+    assert permit.lost and lost == []
+    [record] = [x for x in caplog.records if "lingering slot" in x.getMessage()]
+    assert record.levelname == "INFO" and "its task ended" in record.getMessage()
+    assert not [x for x in caplog.records if x.levelname == "ERROR"]
+
+
 def test_a_dead_holder_frees_its_slot_when_its_lease_lapses(
     redis_server: ServerHandle, r: redis.Redis, prefix: str
 ) -> None:

@@ -84,6 +84,7 @@ class Carried:
         with self._lock:
             if key in self._slots:
                 return False
+            permit.ended = True
             self._slots[key] = (permit, time.monotonic() + self.linger)
             if not self._ticking:  # the thread waits for work: tell it (while it ticks, no)
                 self._ticking = True
