@@ -278,6 +278,45 @@ def test_early_hints_are_taken_again_for_another_config(
     assert len(peeks) == 2
 
 
+def test_a_route_seen_with_room_passes_the_main_process_at_once(
+    quota: tuple[Any, Governor, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Early deferral of the usual message: once every limit of its route was seen with room,
+    the route passes without looking at hints until the oldest peek stops being trusted
+    (HINT_TTL); then it looks (and peeks) again."""
+    from types import SimpleNamespace
+
+    from governor.celery.admission import early as early_module
+
+    task, governor, q = quota
+    early = governor.gate.early
+    looked = SimpleNamespace(count=0)
+    room_until = early._room_until
+
+    def counting(*args: Any) -> float:
+        looked.count += 1
+        return room_until(*args)
+
+    monkeypatch.setattr(early, "_room_until", counting)
+    clock = [1000.0]
+    monkeypatch.setattr(early_module.time, "monotonic", lambda: clock[0])
+    route = governor.gate.calls.route(task, {"routing_key": q})
+
+    def message(n: int) -> Any:
+        return SimpleNamespace(
+            id=f"m{n}", task=task, _request_dict={}, delivery_info={"routing_key": q}
+        )
+
+    for n in range(10):
+        assert early.defer(message(n), route) is False
+    assert looked.count == 1 and route.clear_until == clock[0] + early_module.HINT_TTL
+    clock[0] += 1.5 * early_module.HINT_TTL
+    assert early.defer(message(10), route) is False
+    assert looked.count == 2
+    # what it knows lives on the Route, which a live change replaces (Calls.route)
+    assert governor.gate.calls.route(task, {"routing_key": q}) is route
+
+
 def test_the_sweeper_gives_back_what_an_idle_lease_did_not_use(
     redis_server: ServerHandle,
 ) -> None:

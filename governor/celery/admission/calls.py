@@ -61,7 +61,7 @@ class Route:
     """What governs the calls of one task from one route (routing key, exchange, queue) under
     one view of the live limits, before the arguments: worked out again when they change."""
 
-    __slots__ = ("configs", "factors", "fair", "lane", "shadows", "specs")
+    __slots__ = ("clear_until", "configs", "factors", "fair", "lane", "shadows", "specs")
 
     def __init__(
         self,
@@ -81,6 +81,10 @@ class Route:
         self.lane: Any = None
         """For the gate: how these limits admit from leases in this process (see
         ``Gate._lane``)."""
+        self.clear_until = 0.0
+        """For the worker's main process: until when (monotonic) its early deferral knows every
+        limit here to have room, and nothing else of the call to matter (see
+        ``EarlyDeferral.defer``)."""
 
 
 class Calls:
