@@ -48,6 +48,14 @@ local expires = fmt(now_ms + lease_ms)
 -- A holder a copy asked about while it ran is refused as done this long after it released (a
 -- copy that asked waits in Redis, and a waiting process asks again within a lease).
 local done_ms = 2 * lease_ms
+-- Quiet: nobody waits, no copy asked, no message is kept, no hand-over lapsed (the four ZSETs
+-- are absent: Redis deletes an empty one), the usual state of a cap with room. The reads that
+-- only matter otherwise are skipped while it lasts; whatever writes one of them ends it (`busy`).
+local quiet = redis.call('EXISTS', WK, DK, KK, LK) == 0
+local function busy(cmd, key, ...)
+  quiet = false
+  return redis.call(cmd, key, ...)
+end
 
 -- A holder's entry: token, since, n, flags, info; or nil.
 local function entry(id)
@@ -65,7 +73,7 @@ end
 -- Forget a holder (running or pending) and the message kept for it.
 local function drop(id)
   redis.call('ZREM', HK, id)
-  redis.call('ZREM', KK, id)
+  if not quiet then redis.call('ZREM', KK, id) end
   redis.call('HDEL', XK, 'h' .. id, 'p' .. id)
 end
 
@@ -85,7 +93,7 @@ local function hand(id, msg, n, out)
     redis.call('HDEL', XK, 'p' .. id)
     wake(id)
   else
-    redis.call('ZADD', KK, now_ms, id)
+    busy('ZADD', KK, now_ms, id)
     redis.call('HSET', XK, 'p' .. id, msg)
     out[#out + 1] = id
     out[#out + 1] = msg
@@ -115,10 +123,10 @@ end
 local function lapse(id, e)
   local msg = redis.call('HGET', XK, 'p' .. id)
   redis.call('ZREM', HK, id)
-  redis.call('ZREM', KK, id)
+  if not quiet then redis.call('ZREM', KK, id) end
   if msg then
     put(id, '-', now_ms, e.n, 'l', 'lapsed')
-    redis.call('ZADD', LK, now_ms, id)
+    busy('ZADD', LK, now_ms, id)
   else
     redis.call('HDEL', XK, 'h' .. id)
   end
@@ -138,6 +146,7 @@ local function sweep(out)
       drop(id)
     end
   end
+  if quiet then return end
   redis.call('ZREMRANGEBYSCORE', DK, '-inf', fmt(now_ms))
   if redis.call('ZCARD', WK) > 0 then hand_over(out) end
 end
@@ -154,7 +163,7 @@ local function give_back(id, tok, inf)
   local copy = e.flags == 'u' and redis.call('HGET', XK, 'p' .. id)
   drop(id)
   if e.flags ~= '-' then
-    redis.call('ZADD', DK, fmt(now_ms + done_ms), id)
+    busy('ZADD', DK, fmt(now_ms + done_ms), id)
     redis.call('PEXPIRE', DK, ttl_ms(done_ms * 1000))
     if copy == '' then wake(id) end
   end
@@ -171,7 +180,7 @@ end
 -- copy of it holds one), 'done' (it finished while a copy asked); the wait until a lease
 -- lapses (us: an estimate of a slot's freeing); its entry. A lapsed hand-over comes first.
 local function verdict(live_only)
-  local until_ms = tonumber(redis.call('ZSCORE', DK, holder))
+  local until_ms = not quiet and tonumber(redis.call('ZSCORE', DK, holder))
   if until_ms and until_ms > now_ms then return 'done', -1 end
   local held = live_only and redis.call('ZCOUNT', HK, '(' .. fmt(now_ms), '+inf')
     or redis.call('ZCARD', HK)
@@ -185,7 +194,7 @@ local function verdict(live_only)
     local exp = tonumber(redis.call('ZSCORE', HK, holder))
     if exp and exp > now_ms then return 'copy', (exp - now_ms) * 1000, e end
   end
-  if held < cap_limit and redis.call('ZCARD', WK) == 0 then return 'room', 0 end
+  if held < cap_limit and (quiet or redis.call('ZCARD', WK) == 0) then return 'room', 0 end
   return 'full', estimate()
 end
 
@@ -200,9 +209,7 @@ end
 -- Expiry: holders and their entries live as long as the last lease, unless messages are kept
 -- (waiters, copies, lapsed hand-overs): those never expire.
 local function finish()
-  local keep = redis.call('ZCARD', WK) > 0 or redis.call('ZCARD', KK) > 0
-    or redis.call('ZCARD', LK) > 0
-  if keep then
+  if not quiet and redis.call('EXISTS', WK, KK, LK) > 0 then
     redis.call('PERSIST', XK)
     redis.call('PERSIST', HK)
     return

@@ -41,9 +41,11 @@ if why == 'room' or why == 'mine' then
     if string.byte(reply, 1) == 49 then  -- '1': admitted, so it takes the slot
       fence = next_fence()
       redis.call('ZADD', HK, expires, holder)
-      redis.call('ZREM', KK, holder)
-      redis.call('ZREM', LK, holder)
-      redis.call('HDEL', XK, 'p' .. holder)
+      if not quiet then
+        redis.call('ZREM', KK, holder)
+        redis.call('ZREM', LK, holder)
+        redis.call('HDEL', XK, 'p' .. holder)
+      end
       put(holder, token, now_ms, fmt(fence), '-', info)
     elseif why == 'mine' and redis.call('HEXISTS', XK, 'p' .. holder) == 1 then
       lapse(holder, e)  -- its message goes back to wait (the caller sends it): pass the slot on

@@ -69,16 +69,16 @@ if op == 'wait' then
     if e and e.flags == 'l' then  -- its hand-over lapsed: back to its place in line
       redis.call('ZREM', LK, holder)
       redis.call('HDEL', XK, 'h' .. holder, 'p' .. holder)
-      redis.call('ZADD', WK, e.n, holder)
+      busy('ZADD', WK, e.n, holder)
     elseif not redis.call('ZSCORE', WK, holder) then
-      redis.call('ZADD', WK, redis.call('HINCRBY', XK, 'seq', 1), holder)
+      busy('ZADD', WK, redis.call('HINCRBY', XK, 'seq', 1), holder)
     end
     redis.call('HSET', XK, 'w' .. holder, message)
     why, wait = 'queued', redis.call('ZRANK', WK, holder)
   elseif why == 'copy' then  -- behind its running copy: handed its slot if that one dies
     put(holder, e.token, e.since, e.n, 'u', e.info)
     redis.call('HSET', XK, 'p' .. holder, message)
-    redis.call('ZADD', KK, now_ms, holder)
+    busy('ZADD', KK, now_ms, holder)
     why, wait = 'queued', 0
   end
   if why == 'queued' then

@@ -114,6 +114,20 @@ def test_a_lost_slot_is_reported(r: redis.Redis, prefix: str) -> None:
     assert permit.release() == (False, ())
 
 
+def test_a_cap_that_keeps_a_message_never_expires(r: redis.Redis, prefix: str) -> None:
+    """A cap's state lives as long as its last lease, unless it keeps a message (a waiter's, a
+    copy's behind its running holder): then it never expires. The usual call on a cap with
+    nobody waiting skips what only matters otherwise, so the first message on such a cap must
+    still make it persistent."""
+    lim = Limiter(r, None, concurrency=1, name=f"keep{uuid.uuid4().hex[:6]}", prefix=prefix)
+    for subject, waiter in (("line", "w:0"), ("copy", "a:0")):  # a waiter; a copy of a:0
+        assert lim.acquire(subject, holder="a:0", now=T).allowed
+        holders, entries = lim.cap_keys(subject)[2:4]
+        assert r.pttl(holders) > 0 and r.pttl(entries) > 0  # as long as the lease
+        assert lim.wait(subject, waiter, f"message of {waiter}", now=T).status == "queued"
+        assert r.pttl(holders) == -1 and r.pttl(entries) == -1, subject
+
+
 def test_a_lingering_slot_lost_after_its_task_ended_is_no_alarm(
     r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
