@@ -10,7 +10,11 @@ call, median of the rounds. Part 2, copies of the gcra script with one part take
 (the prelude's helpers, its rules unpacking, Redis TIME, the block's GET, the state's SET): the
 time inside Redis of each, so the difference to the whole script is what that part costs.
 Part 3, the client's steps of a decision, by ``timeit`` (``keys``, ``_call``, ``_decision``,
-the lane's connection check).
+the lane's connection check). Part 4, copies of the capped script (a cap of 1,000 without rules)
+cut short at each step of its usual call, an acquire that gives the previous holder's slot back
+(a carried slot, as a busy pool process sends it): the time inside Redis of each. A copy that
+stops before taking the slot has none to give back after its first call (its give-back finds
+nothing, which costs a little less).
 """
 
 from __future__ import annotations
@@ -126,6 +130,48 @@ def script_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[obje
     ]
 
 
+def cap_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[object]]:
+    full = resolve(LUA, "cap_decide", "cap_none")
+    body = full.index("local out = {}\nif op == 'refund'")
+    stop = "do return 1 end"
+    copies = {
+        "capped script as it is": full,
+        "stopped before the expiry bookkeeping": full.replace(
+            "if op ~= 'peek' then finish() end", stop, 1
+        ),
+        "stopped after the verdict": full.replace("local reply, fence = nil, 0", stop, 1),
+        "stopped after the give-back and the sweep": full.replace(
+            "local why, wait, e = verdict(op == 'peek')", stop, 1
+        ),
+        "stopped after the give-back": full.replace("if op ~= 'peek' then sweep(out) end", stop, 1),
+        "the prelude (common.lua, cap.lua) + return": full[:body] + "\nreturn 1\n",
+        "return 1 alone": "return 1",
+    }
+    shas = {name: client.script_load(text) for name, text in copies.items()}
+    got: dict[str, list[float]] = {name: [] for name in copies}
+    for r in range(rounds):
+        for n, (name, sha) in enumerate(shas.items()):
+            lim = Limiter(client, None, concurrency=1000, name=f"parts-cap-{r}-{n}")
+            first = lim.acquire("s", holder="t0:0")
+            assert first.hold is not None
+            keys, args = lim._call("acquire", "s", 1, None, hold=first.hold)
+            prev = (first.hold.holder, first.hold.token)
+            c0, u0 = stats(client, "cmdstat_evalsha")
+            for i in range(calls):
+                holder = f"t{i + 1}:0"
+                args[-4], args[-1] = holder, f"{prev[0]} {prev[1]}"
+                reply = client.evalsha(sha, len(keys), *keys, *args)
+                if isinstance(reply, list):  # it took the slot: the next call gives it back
+                    prev = (holder, str(args[-3]))
+            c1, u1 = stats(client, "cmdstat_evalsha")
+            got[name].append((u1 - u0) / max(1, c1 - c0))
+    whole = statistics.median(got["capped script as it is"])
+    return [
+        [name, f"{statistics.median(v):.2f}", f"{statistics.median(v) - whole:+.2f}"]
+        for name, v in got.items()
+    ]
+
+
 def client_steps(client: redis.Redis) -> list[list[object]]:
     g1 = Limiter(client, "100/m", algorithm="gcra", name="parts-g1")
     reply = g1._eval(g1._script, g1._call("acquire", "customer-1", 1, None))
@@ -167,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(header, script_parts(client, args.calls, args.rounds)))
         print("\nthe client's steps of a decision (timeit, best of 5)")
         print(table(["step", "us"], client_steps(client)))
+        print("\ncopies of the capped script (a cap without rules, a carried slot given back)")
+        header = ["copy", "inside Redis us", "against the whole"]
+        print(table(header, cap_parts(client, args.calls, args.rounds)))
     return 0
 
 

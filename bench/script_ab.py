@@ -31,14 +31,15 @@ import redis
 from bench.common import bench_redis, table
 from bench.limiter import FOUR, ONE, SUBJECTS, paired, script_us
 from governor import Limiter
-from governor.scripts import DIRECTIVE, LuaScript, algorithm_script
+from governor.scripts import DIRECTIVE, LuaScript, algorithm_script, capped_script
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = {"1": ONE, "4": FOUR}
 
 
-def revision_text(rev: str, name: str) -> str:
-    """``name``.lua of governor/lua at ``rev``, as that revision's scripts.py built it."""
+def revision_text(rev: str, name: str, rate: str | None = None) -> str:
+    """``name``.lua of governor/lua at ``rev``, as that revision's scripts.py built it
+    (``rate``: the rules script a capped decision puts where it says ``-- @rate``)."""
 
     def show(file: str) -> str:
         out = subprocess.run(
@@ -57,6 +58,8 @@ def revision_text(rev: str, name: str) -> str:
     def expand(body: str) -> str:
         def one(match: re.Match[str]) -> str:
             kind, arg = match.group(1), match.group(2)
+            if kind == "rate" and rate is not None:
+                return f"local function rate()\n{expand(show(rate))}\nend"
             if kind != "include" or arg in seen:
                 return match.group(0)
             seen.add(arg)
@@ -68,6 +71,14 @@ def revision_text(rev: str, name: str) -> str:
 
 
 def version(spec: str, algorithm: str) -> str:
+    """The script of ``algorithm`` (or ``cap``: the decision of a cap without rules) at
+    ``spec``."""
+    if algorithm == "cap":
+        if spec == "baseline":
+            raise SystemExit("the baseline is a sliding log")
+        if spec == "now":
+            return capped_script(None).text
+        return revision_text(spec, "cap_decide", rate="cap_none")
     if spec == "now":
         return algorithm_script(algorithm).text
     if spec == "baseline":

@@ -3,6 +3,7 @@ whatever else the machine runs (issue 22; needs valgrind, e.g. ``apt-get install
 
     python -m bench.script_instructions --rules 4 --against baseline --against 50bbba7
     python -m bench.script_instructions --algorithm gcra --rules 1 --against 50bbba7
+    python -m bench.script_instructions --algorithm cap --against 8e8301c
 
 For each version (as bench.script_ab: ``now``, ``baseline`` or a git revision) a private
 redis-server runs under ``valgrind --tool=callgrind`` with instrumentation off; ``--warm``
@@ -11,8 +12,11 @@ instructions Redis executed are divided by them. The decisions are acquires of 1
 pipelined, round-robin over ``--subjects`` subjects on an explicit clock ``--step`` seconds
 apart (the defaults: each subject every 10 s, as in bench.limiter, with 8 decisions before
 the ones counted). A script that only returns a constant is counted too: what EVALSHA costs
-with no script work. Instructions are not time (a cache miss costs more than an addition), but
-they compare versions of a script exactly, which timings on a shared machine cannot.
+with no script work. ``--algorithm cap`` counts a concurrency cap's decision instead (a cap of
+1,000 without rules, one subject): each call takes a slot and gives back the previous call's, as
+a busy pool process does with a carried slot (docs/caps.md). Instructions are not time (a cache
+miss costs more than an addition), but they compare versions of a script exactly, which timings
+on a shared machine cannot.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 import redis
 
 from bench.common import table
 from bench.script_ab import RULES, version, versions_parser
 from governor import Limiter
+from governor.decision import Hold
 from governor.embedded import find_redis_server, free_port
 
 T0 = 1_800_000_000.0
@@ -73,13 +79,26 @@ def instructions(text: str, rules: str, algorithm: str, args: argparse.Namespace
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        lim = Limiter(client, rules, algorithm=algorithm, name="cg")
+        capped = algorithm == "cap"
+        if capped:
+            lim = Limiter(client, None, concurrency=1000, name="cg")
+            assert lim.acquire("s", holder="t0:0", token="tok", now=T0).allowed
+        else:
+            lim = Limiter(client, rules, algorithm=algorithm, name="cg")
         sha = client.script_load(text)
+
+        def call(i: int) -> tuple[list[str], list[Any]]:
+            now = T0 + i * args.step
+            if not capped:
+                return lim._call("acquire", f"s{i % args.subjects}", 1, now)
+            keys, argv = lim._call("acquire", "s", 1, now, hold=Hold(f"t{i + 1}:0", "tok", 0, 30))
+            argv[-1] = f"t{i}:0 tok"  # the previous call's slot, given back first
+            return keys, argv
 
         def decide(start: int, count: int) -> None:
             pipe = client.pipeline(transaction=False)
             for i in range(start, start + count):
-                keys, argv = lim._call("acquire", f"s{i % args.subjects}", 1, T0 + i * args.step)
+                keys, argv = call(i)
                 pipe.evalsha(sha, len(keys), *keys, *argv)
                 if len(pipe) >= 500:
                     pipe.execute()
@@ -121,7 +140,8 @@ def main() -> None:
     for spec in specs:
         count = instructions(version(spec, args.algorithm), rules, args.algorithm, args)
         rows.append([spec, f"{count / 1000:.1f}", f"{(count - constant) / 1000:.1f}"])
-    print(f"{args.algorithm}, rules {rules!r}: thousands of instructions per decision\n")
+    what = "a cap of 1,000 (no rules)" if args.algorithm == "cap" else f"rules {rules!r}"
+    print(f"{args.algorithm}, {what}: thousands of instructions per decision\n")
     print(table(["version", "in Redis", "the script's"], rows))
 
 
