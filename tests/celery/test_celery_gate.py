@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
+from typing import Any
 
 import pytest
 from celery import Task
 
 from governor import ConfigError, Limiter
-from governor.celery import GovernedTask, Governor, GovernorTimeout
+from governor.celery import GovernedTask, Governor, GovernorTimeout, signals
 from support.celery_helpers import Recorder, config_error, most_in_window, new_app, wait_for, worker
 from support.servers import ServerHandle
 
@@ -30,17 +32,30 @@ def test_queue_quota_holds_for_a_plain_task(redis_server: ServerHandle) -> None:
     def plain(self: Task, i: int) -> None:
         rec.add(i=i, waits=((self.request.headers or {}).get("governor") or {}).get("waits", 0))
 
-    with worker(app, [q]):
-        for i in range(15):
-            plain.delay(i)
-        seen = rec.wait(15, timeout=20)
+    again: Counter[int] = Counter()  # task -> times it came with a booking and booked again
+
+    def rebooked(request: Any = None, **_: Any) -> None:
+        carried = (getattr(request, "headers", None) or {}).get("governor") or {}
+        if carried.get("slots"):
+            again[request.args[0]] += 1
+
+    signals.task_deferred.connect(rebooked, weak=False)
+    try:
+        with worker(app, [q]):
+            for i in range(15):
+                plain.delay(i)
+            seen = rec.wait(15, timeout=20)
+    finally:
+        signals.task_deferred.disconnect(rebooked)
     assert sorted(r["i"] for r in seen) == list(range(15))
     starts = [r["t"] for r in seen]
     assert most_in_window(starts, 1.0) <= 5 + 1  # 5 per second, one more on a window edge
     assert max(starts) - min(starts) >= 1.9  # three batches of five: it did wait
     # Each waiting task was deferred once: it booked its slot and ran on it. A worker that
-    # starts one later than governor_late_tolerance (a loaded CI machine) re-books it once.
-    assert sum(r["waits"] for r in seen) <= 10 + 2 and max(r["waits"] for r in seen) <= 2
+    # starts one later than governor_late_tolerance (25 ms: a loaded CI machine does) books it
+    # once more, and only then; never a loop.
+    assert all(r["waits"] <= 1 + again[r["i"]] for r in seen)
+    assert sum(r["waits"] for r in seen) <= 10 + sum(again.values())
 
 
 def test_routing_decides_the_queue(redis_server: ServerHandle) -> None:
