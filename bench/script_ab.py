@@ -144,6 +144,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000, help="calls per measurement")
     parser.add_argument("--rounds", type=int, default=9, help="rounds (the median is shown)")
     args = parser.parse_args()
+    if args.algorithm == "cap":
+        raise SystemExit(
+            "a cap's decision is compared by python -m bench.script_instructions --algorithm cap "
+            "(its time: python -m bench.decision_parts)"
+        )
     specs = [*(args.against or ["baseline"]), "now"]
     rules = RULES.get(args.rules, args.rules)
     with bench_redis() as url:
