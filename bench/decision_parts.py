@@ -85,6 +85,15 @@ def round_trips(client: redis.Redis, calls: int, rounds: int) -> list[list[objec
     ]
 
 
+def against_whole(got: dict[str, list[float]], whole: str) -> list[list[object]]:
+    """Rows of each copy's median µs inside Redis, and its difference to ``whole``'s."""
+    base = statistics.median(got[whole])
+    return [
+        [name, f"{statistics.median(v):.2f}", f"{statistics.median(v) - base:+.2f}"]
+        for name, v in got.items()
+    ]
+
+
 def script_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[object]]:
     common, full = resolve(LUA, "common"), resolve(LUA, "gcra")  # gcra includes common
     head = common[: common.index("-- Integers as exact decimal text")]
@@ -123,11 +132,7 @@ def script_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[obje
                 lim.acquire(SUBJECTS[i % 10_000], now=time.time() if given else None)
             c1, u1 = stats(client, "cmdstat_evalsha")
             got[name].append((u1 - u0) / max(1, c1 - c0))
-    whole = statistics.median(got["gcra as it is"])
-    return [
-        [name, f"{statistics.median(v):.2f}", f"{statistics.median(v) - whole:+.2f}"]
-        for name, v in got.items()
-    ]
+    return against_whole(got, "gcra as it is")
 
 
 def cap_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[object]]:
@@ -165,11 +170,7 @@ def cap_parts(client: redis.Redis, calls: int, rounds: int) -> list[list[object]
                     prev = (holder, str(args[-3]))
             c1, u1 = stats(client, "cmdstat_evalsha")
             got[name].append((u1 - u0) / max(1, c1 - c0))
-    whole = statistics.median(got["capped script as it is"])
-    return [
-        [name, f"{statistics.median(v):.2f}", f"{statistics.median(v) - whole:+.2f}"]
-        for name, v in got.items()
-    ]
+    return against_whole(got, "capped script as it is")
 
 
 def client_steps(client: redis.Redis) -> list[list[object]]:
